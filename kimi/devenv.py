@@ -1,0 +1,142 @@
+"""``kimi setup`` and ``kimi test``: a working environment from a fresh clone.
+
+``setup``: ``kimi sync``; a virtual environment (``.venv``); the pinned torch
+and vLLM's build requirements; ``pip install --no-build-isolation -e .`` with
+kernels borrowed from the pinned wheel (see ``kimi/fork/build_hook.py``); a
+smoke run of ``vllm``.  pip's downloads are cached under ``.kimi/cache/pip``
+and its output goes to ``.kimi/logs/`` (the tail is shown on failure).
+An install is skipped when the venv already holds this exact synced tree.
+
+``test``: ``setup`` without the smoke run, pytest into the venv, then pytest
+on ``tests/``; pytest's "no tests collected" (exit 5) is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import venv as venvlib
+from pathlib import Path
+
+from kimi.errors import KimiError
+from kimi.fork.build_hook import kernels_mode
+from kimi.fork.layout import Layout
+from kimi.fork.pin import load_pin
+from kimi.fork.sync import sync
+
+PYTEST_NO_TESTS = 5
+_REPORT_VERSION = "import vllm, vllm.platforms as p; print(vllm.__version__, p.current_platform.device_type or 'none')"
+
+
+def _step(msg: str) -> float:
+    print(f"kimi: {msg}", file=sys.stderr, flush=True)
+    return time.monotonic()
+
+
+def _run_logged(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> None:
+    """Run ``cmd`` with its output in ``log``; on failure raise with the log's tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise KimiError(f"`{' '.join(cmd[:6])} ...` failed (exit {proc.returncode}); log: {log}\n{tail}")
+
+
+def _python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def _install_key(layout: Layout, mode: str) -> str:
+    """Identifies an install: the synced state (release, series, line) and the kernels mode."""
+    state = json.loads(layout.state_file.read_text())
+    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode], sort_keys=True)
+    return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def ensure_env(layout: Layout, line: str, venv: Path | None, kernels: str,
+               from_dir: Path | None = None) -> Path:
+    """Sync and install the fork into ``venv``; returns the venv's python.
+
+    Raises:
+        KimiError: sync fails, or a pip step fails (the message holds the log's tail).
+    """
+    venv = (venv or layout.root / ".venv").resolve()
+    sync(layout, line, from_dir=from_dir)
+    os.environ["KIMI_KERNELS"] = kernels
+    mode = kernels_mode()
+    marker = venv / ".kimi-install"
+    key = _install_key(layout, mode)
+    python = _python(venv)
+    if python.exists() and marker.is_file() and marker.read_text().strip() == key:
+        _step(f"{venv} already holds this tree ({mode} kernels)")
+        return python
+    if not python.exists():
+        _step(f"creating {venv}")
+        venvlib.EnvBuilder(with_pip=True, symlinks=True).create(venv)
+    env = {**os.environ, "KIMI_KERNELS": mode, "PIP_CACHE_DIR": os.environ.get(
+        "PIP_CACHE_DIR", str(layout.private / "cache" / "pip")), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if from_dir is not None:
+        env["KIMI_FROM"] = str(from_dir)
+    pin = load_pin(layout.line_dir(line) / "pin.json")
+    logs = layout.private / "logs"
+    build_reqs = layout.root / "requirements" / "build" / f"{mode}.txt"
+    t0 = _step(f"[1/2] installing torch {pin.torch} and vLLM's build requirements (log: {logs / 'pip-build.log'})")
+    _run_logged([str(python), "-m", "pip", "install", f"torch=={pin.torch}", "-r", str(build_reqs)],
+                logs / "pip-build.log", env, layout.root)
+    t1 = _step(f"      done in {time.monotonic() - t0:.0f} s")
+    _step(f"[2/2] pip install -e . with precompiled {mode} kernels (log: {logs / 'pip-install.log'})")
+    _run_logged([str(python), "-m", "pip", "install", "--no-build-isolation", "-e", "."],
+                logs / "pip-install.log", env, layout.root)
+    _step(f"      done in {time.monotonic() - t1:.0f} s")
+    marker.write_text(key + "\n")
+    return python
+
+
+def smoke(venv: Path) -> None:
+    """``import vllm`` (version, platform), ``vllm --version`` and ``vllm serve --help``.
+
+    Raises:
+        KimiError: any of them fails.
+    """
+    python, vllm = _python(venv), venv / "bin" / "vllm"
+    checks = [
+        ("import vllm", [str(python), "-c", _REPORT_VERSION]),
+        ("vllm --version", [str(vllm), "--version"]),
+        ("vllm serve --help", [str(vllm), "serve", "--help"]),
+    ]
+    for name, cmd in checks:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise KimiError(f"smoke check `{name}` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        first = proc.stdout.strip().splitlines()[-1] if name != "vllm serve --help" else \
+            f"{len(proc.stdout.splitlines())} lines of help"
+        _step(f"smoke: {name}: {first}")
+
+
+def setup(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto",
+          from_dir: Path | None = None) -> None:
+    """The README's first command: sync, install, smoke-run (see the module docstring)."""
+    python = ensure_env(layout, line, venv, kernels, from_dir)
+    smoke(python.parent.parent)
+    _step(f"ready: activate with `source {python.parent / 'activate'}`")
+
+
+def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto",
+              pytest_args: list[str] | None = None) -> int:
+    """The README's test command; returns pytest's exit status (5, no tests, becomes 1)."""
+    python = ensure_env(layout, line, venv, kernels)
+    _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
+                {**os.environ, "PIP_CACHE_DIR": str(layout.private / "cache" / "pip")}, layout.root)
+    _step("running pytest on tests/")
+    env = {**os.environ, "KIMI_TEST_INSTALLED": "1"}
+    code = subprocess.run([str(python), "-m", "pytest", "tests", *(pytest_args or [])], cwd=layout.root,
+                          env=env).returncode
+    if code == PYTEST_NO_TESTS:
+        print("kimi test: error: pytest collected no tests", file=sys.stderr)
+        return 1
+    return code

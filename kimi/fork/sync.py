@@ -1,0 +1,131 @@
+"""``kimi sync``: lay the pinned upstream release, patched, at the repository root.
+
+Steps: read the pin and the series (validating every header); refuse if the
+laid tree holds edits not refreshed into the series; obtain the sdist and
+verify its sha256 (on a mismatch nothing is touched); unpack it into a new
+work repository and apply the series there, one commit per patch; swap the
+work repository in; copy the result to the root.
+
+A patch that upstream already contains is skipped and reported as absorbed.
+A patch that does not apply stops the series: the root is laid at the last
+good state (upstream plus the patches before it) and the error names the
+patch, the file and the hunk, with the commands to resume or reset.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kimi.errors import KimiError
+from kimi.fork.artifacts import obtain
+from kimi.fork.layout import Layout
+from kimi.fork.patches import load_series
+from kimi.fork.pin import load_pin
+from kimi.fork.state import SyncState
+from kimi.fork.tree import detect_edits, extract_sdist, lay, tracked_top_level
+from kimi.fork.workrepo import WorkRepo
+
+
+def _say(msg: str) -> None:
+    print(f"kimi: {msg}", file=sys.stderr)
+
+
+def check_no_unrefreshed_edits(layout: Layout, state: SyncState) -> None:
+    """Raise if the laid tree differs from what the last sync laid (edits would be lost)."""
+    repo = WorkRepo(layout.work) if layout.work.is_dir() else None
+    edits = detect_edits(layout.root, state.manifest, repo)
+    if edits:
+        raise KimiError(
+            "the laid tree has edits that are not in the patch series:\n"
+            f"{edits.summary()}\n"
+            "keep them with `kimi refresh` (see `kimi refresh --help`), or discard them with `kimi sync --force`"
+        )
+
+
+def sync(layout: Layout, line: str, from_dir: Path | None = None, force: bool = False) -> SyncState:
+    """Materialize ``line`` at ``layout.root``; see the module docstring.
+
+    Returns:
+        The new state (also written to ``.kimi/state.json``).
+
+    Raises:
+        KimiError: unknown line, invalid pin or patch header, unrefreshed
+            edits (without ``force``), sha256 mismatch, unreachable index
+            with no cache, or a patch that does not apply.
+    """
+    pin = load_pin(layout.line_dir(line) / "pin.json")
+    series = load_series(layout.patches_dir(line))
+    digests = {p.name: p.digest for p in series}
+    sdist_artifact = pin.artifact("sdist")
+    state = SyncState.load(layout.state_file)
+    if state is not None and not force:
+        check_no_unrefreshed_edits(layout, state)
+        if (state.line, state.sdist_sha256, state.series, state.failed) == (
+            line, sdist_artifact.sha256, digests, None
+        ) and layout.work.is_dir():
+            _say(f"up to date: vllm {pin.version} + {len(state.applied)} patches ({line})")
+            return state
+
+    sdist = obtain(sdist_artifact, layout.cache, from_dir)
+    staging = layout.private / "work.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    _say(f"unpacking {sdist.name}")
+    extract_sdist(sdist, staging)
+    repo = WorkRepo.create(staging, f"vllm {pin.version} (upstream sdist {sdist_artifact.sha256[:12]})")
+
+    applied, absorbed, failure = [], [], None
+    for patch in series:
+        failure = repo.apply(patch)
+        if failure is None:
+            applied.append(patch.name)
+            continue
+        if repo.contains(patch):
+            absorbed.append(patch.name)
+            _say(f"{patch.name}: absorbed - vllm {pin.version} already contains this change; "
+                 "remove the patch from the series")
+            failure = None
+            continue
+        break
+    _say(f"applied {len(applied)} of {len(series)} patches" + (f", {len(absorbed)} absorbed" if absorbed else ""))
+
+    shutil.rmtree(layout.work, ignore_errors=True)
+    staging.rename(layout.work)
+    repo = WorkRepo(layout.work)
+    previous = state.manifest if state is not None else {}
+    manifest, kept = lay(layout.work, repo.tracked_files(), layout.root, tracked_top_level(layout.root), previous)
+    new_state = SyncState(
+        line=line, version=pin.version, sdist_sha256=sdist_artifact.sha256,
+        series={name: digests[name] for name in applied + absorbed}, applied=applied, absorbed=absorbed,
+        failed=None if failure is None else {
+            "patch": failure.patch, "file": failure.file, "hunk": failure.hunk, "detail": failure.detail},
+        manifest=manifest, kept_ours=kept,
+    )
+    new_state.save(layout.state_file)
+    _say(f"laid {len(manifest)} files at {layout.root} (kept ours: {', '.join(kept) or 'none'})")
+    _warn_unignored(layout.root, manifest)
+    if failure is not None:
+        good = " + ".join([f"vllm {pin.version}", *applied])
+        patch_file = layout.patches_dir(line) / f"{failure.patch}.patch"
+        raise KimiError(
+            f"{failure.describe()}\n"
+            f"  the tree is left at the last good state: {good}\n"
+            f"  to resume: fix {patch_file} and run `kimi sync`, or make its change in the tree by hand "
+            f"and run `kimi refresh --into {failure.patch}`\n"
+            f"  to reset: restore the patch (`git checkout -- {patch_file.relative_to(layout.root)}`) "
+            "and run `kimi sync`"
+        )
+    return new_state
+
+
+def _warn_unignored(root: Path, manifest: dict[str, str]) -> None:
+    """Warn about laid top-level names that git would show as untracked (``.gitignore`` lacks them)."""
+    tops = sorted({rel.split("/", 1)[0] for rel in manifest})
+    proc = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *tops],
+                          capture_output=True, text=True)
+    shown = [line[3:] for line in proc.stdout.splitlines()]
+    if shown:
+        _say("warning: laid paths not ignored by .gitignore (add them): " + ", ".join(shown[:10]))
