@@ -1,0 +1,194 @@
+"""Shared fixtures: a throw-away fork checkout with a small synthetic upstream release.
+
+``fork`` is a git repository holding a copy of this checkout's ``kimi``
+package, ``.gitignore`` and ``README.md``, with a line ``mainline`` pinned to
+a synthetic ``vllm-9.9.0.tar.gz`` kept in a ``--from`` folder.  Its commands
+run as ``python -m kimi`` in a subprocess, as a user would run them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "9.9.0"
+
+# A miniature upstream release in the layout of vLLM's sdist.
+UPSTREAM_FILES = {
+    "vllm/__init__.py": "from vllm.version import __version__\n",
+    "vllm/version.py": "__version__ = 'dev'\n",
+    "vllm/_version.py": "__version__ = '9.9.0'\n",          # generated: upstream's .gitignore lists it
+    "vllm/config/speculative.py": "".join(f"line {i}\n" for i in range(1, 41)),
+    "vllm/entrypoints/cli/main.py": "def main():\n    return 0\n",
+    "csrc/kernel.cu": "// kernel\n",
+    "CMakeLists.txt": "project(vllm)\n",
+    "setup.py": "print('setup')\n",
+    "pyproject.toml": "[project]\nname = 'vllm'\n",
+    "requirements/common.txt": "numpy\n",
+    ".gitignore": "/vllm/_version.py\n*.so\n__pycache__/\nbuild/\n",
+    "README.md": "upstream readme\n",
+    "tests/test_upstream.py": "def test_x():\n    pass\n",
+    "docs/index.md": "docs\n",
+    "benchmarks/bench.py": "pass\n",
+    "examples/e.py": "pass\n",
+    "PKG-INFO": "Name: vllm\n",
+}
+
+
+def make_sdist(dest: Path, version: str = VERSION, files: dict[str, str] | None = None) -> tuple[Path, str]:
+    """Write ``vllm-<version>.tar.gz`` with ``files`` under ``vllm-<version>/``; returns (path, sha256)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / f"vllm-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for rel, text in sorted((files or UPSTREAM_FILES).items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{rel}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def patch_text(name: str, path: str, old_line: str, new_line: str, start: int, context: list[str]) -> str:
+    """A one-line-change patch file (header + git diff) replacing ``old_line`` at line ``start``."""
+    before, after = context[:3], context[3:]
+    body = [f" {c}" for c in before] + [f"-{old_line}", f"+{new_line}"] + [f" {c}" for c in after]
+    n = len(before) + 1 + len(after)
+    hunk_start = start - len(before)
+    return (
+        f"Subject: {name}\nWhat: changes {path}\nWhy: a test\nUpstream: fork-only\nTests: tests/\n\n"
+        f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+        f"@@ -{hunk_start},{n} +{hunk_start},{n} @@\n" + "\n".join(body) + "\n"
+    )
+
+
+def speculative_patch(number: int, line_no: int, new: str, slug: str | None = None) -> tuple[str, str]:
+    """(file name, text) of a patch changing ``line N`` of vllm/config/speculative.py."""
+    context = [f"line {i}" for i in (line_no - 3, line_no - 2, line_no - 1, line_no + 1, line_no + 2, line_no + 3)]
+    name = f"{number:04d}-{slug or f'change-line-{line_no}'}"
+    return f"{name}.patch", patch_text(name, "vllm/config/speculative.py", f"line {line_no}", new, line_no, context)
+
+
+@dataclass
+class Fork:
+    """A throw-away fork checkout (see module docstring)."""
+
+    root: Path
+    from_dir: Path
+    cache: Path
+
+    @property
+    def pin_path(self) -> Path:
+        return self.root / "kimi" / "lines" / "mainline" / "pin.json"
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "kimi" / "lines" / "mainline" / "patches"
+
+    def kimi(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m kimi ARGS`` in the checkout (unreachable index unless ``env`` says otherwise)."""
+        full_env = {**os.environ, "KIMI_CACHE_DIR": str(self.cache), "KIMI_INDEX_URL": "http://127.0.0.1:9/simple",
+                    "PYTHONPATH": str(self.root), **(env or {})}
+        return subprocess.run([sys.executable, "-m", "kimi", *args], cwd=self.root, env=full_env,
+                              capture_output=True, text=True, timeout=300)
+
+    def sync(self, *args: str, **kw) -> subprocess.CompletedProcess[str]:
+        return self.kimi("sync", "--from", str(self.from_dir), *args, **kw)
+
+    def write_pin(self, sha256: str, version: str = VERSION) -> None:
+        pin = {"line": "mainline", "version": version, "fork_release": 1, "torch": "2.11.0",
+               "artifacts": {"sdist": {"project": "vllm", "file": f"vllm-{version}.tar.gz", "sha256": sha256}}}
+        self.pin_path.write_text(json.dumps(pin, indent=2))
+
+    def add_patch(self, filename: str, text: str) -> Path:
+        path = self.patches / filename
+        path.write_text(text)
+        return path
+
+    def git(self, *args: str) -> str:
+        return subprocess.run(["git", "-C", str(self.root), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    def commit(self, message: str = "change") -> None:
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", message)
+
+
+def copy_checkout(dest: Path) -> None:
+    """Copy the files this checkout tracks or would track (not the laid tree) into ``dest``."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout
+    for rel in filter(None, listed.split("\0")):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+
+
+def init_repo(path: Path) -> None:
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    for key, value in (("user.name", "test"), ("user.email", "test@localhost"), ("commit.gpgsign", "false")):
+        subprocess.run(["git", "-C", str(path), "config", key, value], check=True)
+    subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "fork"], check=True)
+
+
+def _vllm_installed() -> bool:
+    """An installed vllm distribution (the laid tree alone is importable but not installed)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip GPU tests without CUDA; skip install tests outside `kimi test` when vLLM is absent.
+
+    Under `kimi test` (KIMI_TEST_INSTALLED=1) a missing vLLM is a failure, not a skip.
+    """
+    required = os.environ.get("KIMI_TEST_INSTALLED") == "1"
+    no_vllm = pytest.mark.skip(reason="vLLM is not installed here: run `python3 -m kimi test`")
+    no_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    vllm_ok = _vllm_installed()
+    gpu_ok = any("gpu" in item.keywords for item in items) and _cuda_available()
+    for item in items:
+        if "install" in item.keywords and not vllm_ok and not required:
+            item.add_marker(no_vllm)
+        if "gpu" in item.keywords and not gpu_ok:
+            item.add_marker(no_gpu)
+
+
+@pytest.fixture
+def fork(tmp_path: Path) -> Fork:
+    """A fork checkout whose mainline pins the synthetic release, with an empty series."""
+    root = tmp_path / "fork"
+    shutil.copytree(ROOT / "kimi", root / "kimi", ignore=shutil.ignore_patterns("__pycache__", "lines"))
+    shutil.copy2(ROOT / ".gitignore", root / ".gitignore")
+    (root / "README.md").write_text("our readme\n")
+    (root / "kimi" / "lines" / "mainline" / "patches").mkdir(parents=True)
+    from_dir = tmp_path / "from"
+    _, sha = make_sdist(from_dir)
+    result = Fork(root=root, from_dir=from_dir, cache=tmp_path / "cache")
+    result.write_pin(sha)
+    init_repo(root)
+    return result
