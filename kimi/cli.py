@@ -17,11 +17,13 @@ EPILOG = """first steps on a fresh clone:
   python3 -m kimi setup      lay vLLM, install the fork into .venv, smoke-run `vllm`
   python3 -m kimi test       the test suite (sets up first if needed)
 
-developer loop:
+developer loop (`kimi` is `python3 -m kimi`; the `kimi` script exists once .venv is active):
   kimi sync                  lay the pinned upstream release, patched, at the root
   (edit files under vllm/, csrc/, ...)
-  kimi refresh               turn the edits into patch files
-  kimi status                each patch's state, and edits not yet refreshed
+  kimi status                each patch (applied, fails, absorbed, changed, pending, removed)
+                             and the edits not yet refreshed
+  kimi refresh               turn the edits into patch files (--into NAME, --new SLUG)
+  kimi sync --force          lay again from scratch, discarding edits not refreshed
 """
 
 
@@ -85,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="lay again, discarding edits not refreshed")
     p.set_defaults(func=_cmd_sync)
 
-    p = sub.add_parser("status", help="each patch: applied / fails / absorbed; edits not refreshed",
-                       description="Report each patch of the synced line and the files edited in the laid "
-                                   "tree but not yet refreshed into patches.")
+    p = sub.add_parser("status", help="each patch (applied, fails, absorbed, ...) and the edits not refreshed",
+                       description="Report each patch of the synced line - applied, fails (with file and "
+                                   "hunk), absorbed (upstream has it), changed (patch file edited since the last "
+                                   "sync), pending (not applied yet), removed (gone from the series) - and the "
+                                   "files edited in the laid tree but not yet refreshed into patches.")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=_cmd_status)
 

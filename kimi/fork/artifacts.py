@@ -84,17 +84,20 @@ def obtain(artifact: Artifact, cache: Path, from_dir: Path | None = None, *, qui
     Raises:
         KimiError: a sha256 mismatch (names the file, expected and actual
             digest), a missing ``--from`` file, or an index that cannot be
-            reached or does not have the file.  Nothing is left in the cache.
+            reached or does not have the file.  Nothing unverified is left in
+            the cache (a corrupt cached copy is removed and fetched again).
     """
     cache.mkdir(parents=True, exist_ok=True)
     dest = cache / artifact.file
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr))
     if dest.is_file():
         actual = sha256_file(dest)
-        if actual != artifact.sha256:
-            raise _mismatch(artifact, f"cached at {dest}; delete it to fetch it again", actual)
-        say(f"kimi: {artifact.file}: cached, sha256 ok")
-        return dest
+        if actual == artifact.sha256:
+            say(f"kimi: {artifact.file}: cached, sha256 ok")
+            return dest
+        print(f"kimi: warning: the cached {artifact.file} has sha256 {actual}, expected {artifact.sha256}; "
+              "fetching it again", file=sys.stderr)
+        dest.unlink()
     if from_dir is not None:
         source = from_dir / artifact.file
         if not source.is_file():

@@ -1,4 +1,9 @@
-"""Small file-system helpers: atomic writes and content digests."""
+"""Small file-system helpers: atomic writes, exact text, content digests.
+
+Text read from or written to patch files and git is decoded as UTF-8 with
+``surrogateescape`` and without newline translation, so any byte sequence
+(CRLF line ends, Latin-1 text) survives a round trip unchanged.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,28 @@ from pathlib import Path
 from typing import Any
 
 
+def decode(raw: bytes) -> str:
+    """Bytes to str, losslessly (UTF-8 + surrogateescape, no newline translation)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    """The inverse of ``decode``."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def read_exact(path: Path) -> str:
+    """A file's text exactly as stored (see ``decode``)."""
+    return decode(path.read_bytes())
+
+
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
     A reader sees the old file or the new one, never a half-written one.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
+    raw = encode(data) if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:

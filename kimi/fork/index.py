@@ -89,14 +89,16 @@ def list_files(index: str, project: str) -> dict[str, str]:
         if exc.code == 404:
             raise KimiError(f"the package index {index} has no project {project!r}") from None
         raise KimiError(f"the package index {index} answered HTTP {exc.code} for {page}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise KimiError(
             f"the package index {index} is not reachable ({reason}); pass --from DIR holding the pinned files"
         ) from None
     if "json" in ctype:
-        files = json.loads(body)["files"]
-        pairs = [(f["filename"], f["url"]) for f in files]
+        try:
+            pairs = [(f["filename"], f["url"]) for f in json.loads(body)["files"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise KimiError(f"the package index {index} answered {page} with a malformed JSON page ({exc})") from None
     else:
         parser = _Anchors()
         parser.feed(body.decode("utf-8", "replace"))

@@ -21,16 +21,15 @@ Fields are ``Key: value``; an indented line continues the previous field.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.errors import KimiError
-from kimi.fork.fsutil import write_atomic
+from kimi.fork.fsutil import read_exact, sha256_file, write_atomic
 
 FIELDS = ("Subject", "What", "Why", "Upstream", "Tests")
-PLACEHOLDER = "TODO"
+PLACEHOLDER = "TODO:"
 _NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9-]*\.patch$")
 _UPSTREAM = re.compile(
     r"^(fork-only|(issue|PR|RFC) [\w.-]+#\d+(, (issue|PR|RFC) [\w.-]+#\d+)*|absorbed in \d+\.\d+(\.\d+)?)( - .+)?$"
@@ -59,8 +58,8 @@ class Patch:
 
     @property
     def digest(self) -> str:
-        """sha256 of the whole file, to notice edits since the last sync."""
-        return hashlib.sha256(render(self.header, self.diff).encode()).hexdigest()
+        """sha256 of the patch file's bytes, to notice edits since the last sync."""
+        return sha256_file(self.path)
 
     def files(self) -> list[str]:
         """Paths the diff touches (``b/`` side; the ``a/`` side for deletions)."""
@@ -107,8 +106,8 @@ def validate(patch: Patch) -> None:
         value = patch.header.get(key, "")
         if not value:
             raise KimiError(f"{where}: header field {key!r} is missing (fields: {', '.join(FIELDS)})")
-        if PLACEHOLDER in value:
-            raise KimiError(f"{where}: header field {key!r} still says {PLACEHOLDER}: fill it in")
+        if value.startswith(PLACEHOLDER):
+            raise KimiError(f"{where}: header field {key!r} still says TODO (fill it in)")
     if not _UPSTREAM.match(patch.header["Upstream"]):
         raise KimiError(
             f"{where}: Upstream must be 'fork-only', 'issue vllm#N', 'PR vllm#N' or 'absorbed in X.Y', "
@@ -120,7 +119,7 @@ def validate(patch: Patch) -> None:
 
 def read_patch(path: Path) -> Patch:
     """Parse one patch file (without validating it)."""
-    header_text, diff = split(path.read_text())
+    header_text, diff = split(read_exact(path))
     return Patch(path=path, header=parse_header(header_text, path), diff=diff)
 
 
@@ -158,10 +157,10 @@ def template_header(subject: str) -> dict[str, str]:
     """Header of a new patch made by ``kimi refresh --new``; the TODOs must be filled in."""
     return {
         "Subject": subject,
-        "What": f"{PLACEHOLDER}: what the patch changes",
-        "Why": f"{PLACEHOLDER}: the failing input it fixes",
-        "Upstream": f"{PLACEHOLDER}: fork-only | issue vllm#N | PR vllm#N | absorbed in X.Y",
-        "Tests": f"{PLACEHOLDER}: tests that cover it",
+        "What": f"{PLACEHOLDER} what the patch changes",
+        "Why": f"{PLACEHOLDER} the failing input it fixes",
+        "Upstream": f"{PLACEHOLDER} fork-only | issue vllm#N | PR vllm#N | absorbed in X.Y",
+        "Tests": f"{PLACEHOLDER} tests that cover it",
     }
 
 

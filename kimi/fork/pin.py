@@ -29,6 +29,7 @@ from kimi.errors import KimiError
 ARTIFACT_ROLES = ("sdist", "cuda_wheel", "cpu_wheel")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_FILENAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,21 @@ def load_pin(path: Path) -> Pin:
             malformed (the message names the file and the field).
     """
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise KimiError(f"no pin file at {path}") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise KimiError(f"{path}: not valid JSON ({exc})") from None
 
-    def field(obj: dict, key: str, where: str, kind: type) -> object:
+    def field(obj: object, key: str, where: str, kind: type) -> object:
+        if not isinstance(obj, dict):
+            raise KimiError(f"{path}: {where} must be an object, not {obj!r}")
         if key not in obj:
             raise KimiError(f"{path}: {where} has no {key!r}")
-        if not isinstance(obj[key], kind):
-            raise KimiError(f"{path}: {where}.{key} must be a {kind.__name__}, not {obj[key]!r}")
-        return obj[key]
+        value = obj[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise KimiError(f"{path}: {where}.{key} must be of type {kind.__name__}, not {value!r}")
+        return value
 
     version = field(raw, "version", "pin", str)
     if not _VERSION.match(version):
@@ -102,7 +106,10 @@ def load_pin(path: Path) -> Pin:
         sha = field(entry, "sha256", where, str).lower()
         if not _SHA256.match(sha):
             raise KimiError(f"{path}: {where}.sha256 is not 64 hex digits: {sha!r}")
-        artifacts[role] = Artifact(role, field(entry, "project", where, str), field(entry, "file", where, str), sha)
+        filename = field(entry, "file", where, str)
+        if not _FILENAME.match(filename) or filename.startswith("."):
+            raise KimiError(f"{path}: {where}.file must be a plain file name, not {filename!r}")
+        artifacts[role] = Artifact(role, field(entry, "project", where, str), filename, sha)
     if "sdist" not in artifacts:
         raise KimiError(f"{path}: the sdist must be pinned (artifacts.sdist)")
     return Pin(

@@ -16,11 +16,13 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+from pathlib import Path
 
 from kimi.errors import KimiError
-from kimi.fork.fsutil import sha256_file
+from kimi.fork.fsutil import read_exact, sha256_file
 from kimi.fork.layout import Layout
-from kimi.fork.patches import read_patch, render, template_header, write_patch
+from kimi.fork.lock import exclusive
+from kimi.fork.patches import read_patch, render, split, template_header, write_patch
 from kimi.fork.state import SyncState
 from kimi.fork.tree import Edits, detect_edits
 from kimi.fork.workrepo import UPSTREAM_TAG, WorkRepo
@@ -68,72 +70,106 @@ def _targets(edits: Edits, repo: WorkRepo, series: list[str], into: str | None,
     return targets
 
 
+def _check_series_in_step(repo: WorkRepo, state: SyncState, patches_dir: Path) -> None:
+    """Refuse when the patch files differ from what the last sync applied (refresh would overwrite them).
+
+    Header edits are fine (refresh keeps headers); a changed diff, a removed
+    patch or a new patch file need `kimi sync` first.
+    """
+    files = {p.stem: p for p in patches_dir.glob("*.patch")}
+    committed = dict(repo.patch_commits())
+    problems = [f"  {name}: removed since the last sync" for name in committed if name not in files]
+    for name, path in sorted(files.items()):
+        if name in committed:
+            if not repo.same_change(split(read_exact(path))[1], committed[name]):
+                problems.append(f"  {name}: its diff was edited since the last sync")
+        elif not state.failed and name not in state.absorbed:
+            problems.append(f"  {name}: new since the last sync")
+    if problems:
+        raise KimiError(
+            "the patch files changed since the last sync, and refresh would overwrite them:\n"
+            + "\n".join(problems)
+            + "\nrun `kimi sync` first (it refuses while the tree has edits: keep a copy of them, or undo "
+              "the patch-file change)"
+        )
+
+
 def refresh(layout: Layout, into: str | None = None, new: str | None = None) -> list[str]:
     """Fold the root's edits into the series; returns the names of the patch files written.
 
-    Raises:
-        KimiError: nothing is laid yet, the owner of an edit is ambiguous, or
-            folding an edit conflicts with a later patch (the series and the
-            work repository are then left as they were).
-    """
-    state = SyncState.load(layout.state_file)
-    if state is None or not layout.work.is_dir():
-        raise KimiError("nothing is laid yet: run `kimi sync` first")
-    repo = WorkRepo(layout.work)
-    edits = detect_edits(layout.root, state.manifest, repo)
-    if not edits:
-        print("kimi: nothing to refresh: the laid tree matches the series", file=sys.stderr)
-        return []
-    patches_dir = layout.patches_dir(state.line)
-    series = sorted(p.stem for p in patches_dir.glob("*.patch"))
-    targets = _targets(edits, repo, series, into, new)
+    Either everything happens or nothing: on any error the work repository
+    is put back as it was and no patch file is written.
 
-    start = repo.head()
-    committed = {name for name, _ in repo.patch_commits()}
+    Raises:
+        KimiError: nothing is laid yet, the patch files changed since the
+            last sync, a patch header cannot be read, the owner of an edit is
+            ambiguous, or folding an edit conflicts with a later patch.
+    """
+    with exclusive(layout.private):
+        state = SyncState.load(layout.state_file)
+        if state is None or not layout.work.is_dir() or state.incomplete:
+            raise KimiError("nothing is laid yet, or the last sync was interrupted: run `kimi sync` first")
+        repo = WorkRepo(layout.work)
+        edits = detect_edits(layout.root, state.manifest, repo)
+        if not edits:
+            print("kimi: nothing to refresh: the laid tree matches the series", file=sys.stderr)
+            return []
+        patches_dir = layout.patches_dir(state.line)
+        _check_series_in_step(repo, state, patches_dir)
+        headers = {p.stem: read_patch(p).header for p in sorted(patches_dir.glob("*.patch"))}
+        targets = _targets(edits, repo, sorted(headers), into, new)
+        start = repo.head()
+        try:
+            diffs = _fold(layout, repo, edits, targets)
+        except BaseException:
+            repo.git("rebase", "--abort", check=False)
+            repo.git("reset", "-q", "--hard", start)
+            raise
+        written = []
+        for name, diff in diffs:
+            path = patches_dir / f"{name}.patch"
+            header = headers.get(name) or template_header(name[5:].replace("-", " "))
+            if not path.is_file() or read_exact(path) != render(header, diff):
+                write_patch(path, header, diff)
+                written.append(path.name)
+            state.series[name] = sha256_file(path)
+            if name not in state.applied:
+                state.applied.append(name)
+        for rel in edits.modified + edits.added:
+            state.manifest[rel] = sha256_file(layout.root / rel)
+        for rel in edits.deleted:
+            state.manifest.pop(rel, None)
+        if state.failed and state.failed["patch"] in state.applied:
+            state.failed = None
+        state.save(layout.state_file)
+    for name in written:
+        print(f"kimi: wrote {patches_dir.relative_to(layout.root) / name}", file=sys.stderr)
+    return written
+
+
+def _fold(layout: Layout, repo: WorkRepo, edits: Edits, targets: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """Commit the edits into the work repository; returns (patch name, diff) for every patch commit."""
+    committed = dict(repo.patch_commits())
     for rel in edits.modified + edits.added:
         (layout.work / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(layout.root / rel, layout.work / rel)
     for rel in edits.deleted:
         (layout.work / rel).unlink(missing_ok=True)
-    needs_rebase = False
+    fixups = False
     for name, paths in targets.items():
         repo.git("add", "-A", "-f", "--", *paths)
         if name in committed:
-            commit = dict(repo.patch_commits())[name]
-            repo.git("commit", "-q", "--no-verify", f"--fixup={commit}")
-            needs_rebase = True
+            repo.git("commit", "-q", "--no-verify", f"--fixup={committed[name]}")
+            fixups = True
         else:
             repo.git("commit", "-q", "--no-verify", "-m", name)
-    if needs_rebase:
+    if fixups:
         proc = repo.git("rebase", "-q", "-i", "--autosquash", UPSTREAM_TAG, check=False,
                         env={"GIT_SEQUENCE_EDITOR": "true", "GIT_EDITOR": "true"})
         if proc.returncode != 0:
-            repo.git("rebase", "--abort", check=False)
-            repo.git("reset", "-q", "--hard", start)
             raise KimiError(
                 "folding the edits into their patches conflicts with a later patch; nothing was changed\n"
                 f"  git: {proc.stdout.strip() or proc.stderr.strip()}\n"
                 "  put the edits in a new patch instead: `kimi refresh --new SLUG`"
             )
-
-    written = []
-    for name, commit in repo.patch_commits():
-        path = patches_dir / f"{name}.patch"
-        header = read_patch(path).header if path.is_file() else template_header(name[5:].replace("-", " "))
-        diff = repo.commit_diff(commit)
-        if not path.is_file() or path.read_text() != render(header, diff):
-            write_patch(path, header, diff)
-            written.append(path.name)
-        state.series[name] = read_patch(path).digest
-        if name not in state.applied:
-            state.applied.append(name)
-    for rel in edits.modified + edits.added:
-        state.manifest[rel] = sha256_file(layout.root / rel)
-    for rel in edits.deleted:
-        state.manifest.pop(rel, None)
-    if state.failed and state.failed["patch"] in state.applied:
-        state.failed = None
-    state.save(layout.state_file)
-    for name in written:
-        print(f"kimi: wrote {patches_dir.relative_to(layout.root) / name}", file=sys.stderr)
-    return written
+    return [(name, repo.commit_diff(commit)) for name, commit in repo.patch_commits()]

@@ -24,6 +24,9 @@ class SyncState:
         failed: where sync stopped (``patch``, ``file``, ``hunk``, ``detail``) or None.
         manifest: laid path -> sha256 of the laid bytes.
         kept_ours: upstream top-level names not laid because the fork tracks them.
+        incomplete: True while files are being laid; a sync interrupted then
+            leaves it set, and the next sync lays again without calling the
+            half-laid files edits.  ``manifest`` then covers old and new files.
     """
 
     line: str
@@ -35,16 +38,30 @@ class SyncState:
     failed: dict[str, str] | None = None
     manifest: dict[str, str] = field(default_factory=dict)
     kept_ours: list[str] = field(default_factory=list)
+    incomplete: bool = False
 
     @classmethod
     def load(cls, path: Path) -> SyncState | None:
-        """The recorded state, or None before the first sync."""
+        """The recorded state, or None before the first sync.
+
+        Raises:
+            KimiError: the file is damaged; the message names the way out.
+        """
         if not path.is_file():
             return None
         try:
-            return cls(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise KimiError(f"{path} is damaged ({exc}); run `kimi sync --force` to lay the tree again") from None
+            raw = json.loads(path.read_text())
+            state = cls(**raw)
+            shapes = {"line": str, "version": str, "sdist_sha256": str, "series": dict, "applied": list,
+                      "absorbed": list, "manifest": dict, "kept_ours": list, "incomplete": bool}
+            bad = [k for k, kind in shapes.items() if not isinstance(getattr(state, k), kind)]
+            if bad or not (state.failed is None or isinstance(state.failed, dict)):
+                raise TypeError(f"fields of the wrong type: {', '.join(bad) or 'failed'}")
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            raise KimiError(
+                f"{path} is damaged ({exc}); `kimi sync --force` lays the tree again and rewrites it"
+            ) from None
+        return state
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))

@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
-from kimi.fork.patches import read_patch, validate
+from kimi.fork.patches import Patch, read_patch, validate
 from kimi.fork.state import SyncState
-from kimi.fork.tree import detect_edits
+from kimi.fork.tree import detect_edits, tracked_top_level
 from kimi.fork.workrepo import WorkRepo
+
+# Names the precompiled install and pytest create at the root.
+BUILD_OUTPUTS = frozenset({".venv", "vllm.egg-info", "build", ".pytest_cache", ".ruff_cache", ".deps"})
 
 
 @dataclass
@@ -39,11 +42,12 @@ class Status:
     modified: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         """No edits to refresh and every patch applied or absorbed."""
-        unrefreshed = self.modified or self.deleted or self.added
+        unrefreshed = self.modified or self.deleted or self.added or self.notes
         return not unrefreshed and all(p.state in ("applied", "absorbed") for p in self.patches)
 
     def as_dict(self) -> dict:
@@ -51,6 +55,7 @@ class Status:
             "line": self.line, "version": self.version, "clean": self.clean,
             "patches": [vars(p) for p in self.patches],
             "edited": {"modified": self.modified, "deleted": self.deleted, "new": self.added},
+            "notes": self.notes,
         }
 
     def render(self) -> str:
@@ -61,7 +66,7 @@ class Status:
         edited = ([f"  modified {p}" for p in self.modified] + [f"  deleted  {p}" for p in self.deleted]
                   + [f"  new      {p}" for p in self.added])
         rows.append("edited, not refreshed (`kimi refresh`):" if edited else "no edits to refresh")
-        return "\n".join(rows + edited)
+        return "\n".join(rows + edited + [f"note: {n}" for n in self.notes])
 
 
 def status(layout: Layout) -> Status:
@@ -77,12 +82,13 @@ def status(layout: Layout) -> Status:
     failed = state.failed or {}
     names = []
     for path in sorted(layout.patches_dir(state.line).glob("*.patch")):
-        patch = read_patch(path)
-        names.append(patch.name)
+        names.append(path.stem)
         try:
+            patch = read_patch(path)
             validate(patch)
             problem = ""
         except KimiError as exc:
+            patch = Patch(path=path, header={}, diff="")
             problem = str(exc).split(": ", 1)[-1]
         synced = state.series.get(patch.name)
         if synced is not None and synced != patch.digest:
@@ -102,6 +108,15 @@ def status(layout: Layout) -> Status:
         result.patches.append(entry)
     result.patches += [PatchStatus(n, "removed", "no longer in the series: run `kimi sync`")
                        for n in state.applied if n not in names]
+    if state.incomplete:
+        result.notes.append("the last sync was interrupted: run `kimi sync` to finish it")
+        return result
     edits = detect_edits(layout.root, state.manifest, WorkRepo(layout.work) if layout.work.is_dir() else None)
     result.modified, result.deleted, result.added = edits.modified, edits.deleted, edits.added
+    laid_tops = {rel.split("/", 1)[0] for rel in state.manifest}
+    known = laid_tops | tracked_top_level(layout.root) | BUILD_OUTPUTS
+    strays = sorted(p.name for p in layout.root.iterdir() if p.name not in known)
+    if strays:
+        result.notes.append(f"neither the fork's nor laid, and ignored by git: {', '.join(strays)} "
+                            "(if they are the fork's, add them to .gitignore's list of our names)")
     return result

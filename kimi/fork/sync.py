@@ -10,6 +10,10 @@ A patch that upstream already contains is skipped and reported as absorbed.
 A patch that does not apply stops the series: the root is laid at the last
 good state (upstream plus the patches before it) and the error names the
 patch, the file and the hunk, with the commands to resume or reset.
+
+One kimi command runs at a time per checkout (``.kimi/lock``).  While files
+are copied the state says so (``incomplete``): an interrupted sync is
+finished by the next one instead of being mistaken for edits.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.artifacts import obtain
+from kimi.fork.fsutil import sha256_file
 from kimi.fork.layout import Layout
+from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series
 from kimi.fork.pin import load_pin
 from kimi.fork.state import SyncState
-from kimi.fork.tree import detect_edits, extract_sdist, lay, tracked_top_level
+from kimi.fork.tree import detect_edits, extract_sdist, lay, ours
 from kimi.fork.workrepo import WorkRepo
 
 
@@ -34,7 +40,7 @@ def _say(msg: str) -> None:
 
 
 def check_no_unrefreshed_edits(layout: Layout, state: SyncState) -> None:
-    """Raise if the laid tree differs from what the last sync laid (edits would be lost)."""
+    """Raise if the laid tree differs from what the last sync laid (the edits would be lost)."""
     repo = WorkRepo(layout.work) if layout.work.is_dir() else None
     edits = detect_edits(layout.root, state.manifest, repo)
     if edits:
@@ -43,6 +49,16 @@ def check_no_unrefreshed_edits(layout: Layout, state: SyncState) -> None:
             f"{edits.summary()}\n"
             "keep them with `kimi refresh` (see `kimi refresh --help`), or discard them with `kimi sync --force`"
         )
+
+
+def _previous_state(layout: Layout, force: bool) -> SyncState | None:
+    try:
+        return SyncState.load(layout.state_file)
+    except KimiError as exc:
+        if not force:
+            raise
+        _say(f"warning: {exc}; laying from scratch")
+        return None
 
 
 def sync(layout: Layout, line: str, from_dir: Path | None = None, force: bool = False) -> SyncState:
@@ -54,14 +70,22 @@ def sync(layout: Layout, line: str, from_dir: Path | None = None, force: bool = 
     Raises:
         KimiError: unknown line, invalid pin or patch header, unrefreshed
             edits (without ``force``), sha256 mismatch, unreachable index
-            with no cache, or a patch that does not apply.
+            with no cache, something in the way of the tree, another kimi
+            command running, or a patch that does not apply.
     """
+    with exclusive(layout.private):
+        return _sync(layout, line, from_dir, force)
+
+
+def _sync(layout: Layout, line: str, from_dir: Path | None, force: bool) -> SyncState:
     pin = load_pin(layout.line_dir(line) / "pin.json")
     series = load_series(layout.patches_dir(line))
     digests = {p.name: p.digest for p in series}
     sdist_artifact = pin.artifact("sdist")
-    state = SyncState.load(layout.state_file)
-    if state is not None and not force:
+    state = _previous_state(layout, force)
+    if state is not None and state.incomplete:
+        _say("finishing an interrupted sync")
+    elif state is not None and not force:
         check_no_unrefreshed_edits(layout, state)
         if (state.line, state.sdist_sha256, state.series, state.failed) == (
             line, sdist_artifact.sha256, digests, None
@@ -92,21 +116,27 @@ def sync(layout: Layout, line: str, from_dir: Path | None = None, force: bool = 
         break
     _say(f"applied {len(applied)} of {len(series)} patches" + (f", {len(absorbed)} absorbed" if absorbed else ""))
 
-    shutil.rmtree(layout.work, ignore_errors=True)
-    staging.rename(layout.work)
-    repo = WorkRepo(layout.work)
+    upstream_files = repo.tracked_files()
+    kept = ours(layout.root, upstream_files)
+    files = [rel for rel in upstream_files if rel.split("/", 1)[0] not in kept]
+    laid_digests = {rel: sha256_file(staging / rel) for rel in files}
     previous = state.manifest if state is not None else {}
-    manifest, kept = lay(layout.work, repo.tracked_files(), layout.root, tracked_top_level(layout.root), previous)
     new_state = SyncState(
         line=line, version=pin.version, sdist_sha256=sdist_artifact.sha256,
         series={name: digests[name] for name in applied + absorbed}, applied=applied, absorbed=absorbed,
         failed=None if failure is None else {
             "patch": failure.patch, "file": failure.file, "hunk": failure.hunk, "detail": failure.detail},
-        manifest=manifest, kept_ours=kept,
+        manifest={**previous, **laid_digests}, kept_ours=sorted({r.split("/", 1)[0] for r in upstream_files} & kept),
+        incomplete=True,
     )
+    shutil.rmtree(layout.work, ignore_errors=True)
+    staging.rename(layout.work)
     new_state.save(layout.state_file)
-    _say(f"laid {len(manifest)} files at {layout.root} (kept ours: {', '.join(kept) or 'none'})")
-    _warn_unignored(layout.root, manifest)
+    lay(layout.work, files, layout.root, kept, previous, laid_digests, overwrite=force)
+    new_state.manifest, new_state.incomplete = laid_digests, False
+    new_state.save(layout.state_file)
+    _say(f"laid {len(files)} files at {layout.root} (kept ours: {', '.join(new_state.kept_ours) or 'none'})")
+    _warn_unignored(layout.root, laid_digests)
     if failure is not None:
         good = " + ".join([f"vllm {pin.version}", *applied])
         patch_file = layout.patches_dir(line) / f"{failure.patch}.patch"

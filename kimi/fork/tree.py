@@ -64,19 +64,44 @@ def extract_sdist(sdist: Path, dest: Path) -> None:
         raise KimiError(f"cannot unpack {sdist}: {exc}") from None
 
 
-def tracked_top_level(root: Path) -> set[str]:
-    """Top-level names the fork's own git repository tracks, plus ``.git`` and ``.kimi``."""
+def _tracked(root: Path) -> list[str]:
     proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise KimiError(f"{root} is not a git checkout of the fork: {proc.stderr.strip()}")
-    return {p.split("/", 1)[0] for p in proc.stdout.split("\0") if p} | NEVER_LAID_OVER
+    return [p for p in proc.stdout.split("\0") if p]
+
+
+def tracked_top_level(root: Path) -> set[str]:
+    """Top-level names the fork's own git repository tracks, plus ``.git`` and ``.kimi``."""
+    return {p.split("/", 1)[0] for p in _tracked(root)} | NEVER_LAID_OVER
+
+
+def ours(root: Path, upstream_files: list[str]) -> set[str]:
+    """Top-level names the fork owns: never laid over, never removed.
+
+    A top-level file both sides have (``README.md``, ``.gitignore``) is the
+    fork's.  A folder belongs wholly to one side: a file the fork tracks inside
+    an upstream folder (``vllm/...``) is an upstream file committed by mistake.
+
+    Raises:
+        KimiError: the fork tracks files inside upstream folders (names them and the fix).
+    """
+    tracked = _tracked(root)
+    upstream_dirs = {rel.split("/", 1)[0] for rel in upstream_files if "/" in rel}
+    inside = [t for t in tracked if "/" in t and t.split("/", 1)[0] in upstream_dirs]
+    if inside:
+        shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+        raise KimiError(
+            f"the fork tracks files inside the upstream tree: {shown}; upstream files are never committed: "
+            f"untrack them with `git rm --cached -r -- {' '.join(sorted({t.split('/', 1)[0] for t in inside}))}` "
+            "and turn changes into patches with `kimi refresh`"
+        )
+    return {t.split("/", 1)[0] for t in tracked} | NEVER_LAID_OVER
 
 
 def _copy(src: Path, dst: Path) -> None:
     """Replace ``dst`` with a copy of ``src`` through a temporary name."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.is_dir() and not dst.is_symlink():
-        raise KimiError(f"{dst} is a folder where upstream has a file; move it away and sync again")
     tmp = dst.with_name(f".{dst.name}.kimi-tmp")
     shutil.copy2(src, tmp, follow_symlinks=False)
     os.replace(tmp, dst)
@@ -92,36 +117,49 @@ def _remove(root: Path, rel: str) -> None:
         parent = parent.parent
 
 
-def lay(work: Path, files: list[str], root: Path, ours: set[str],
-        previous: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+def lay(work: Path, files: list[str], root: Path, kept: set[str], previous: dict[str, str],
+        digests: dict[str, str], overwrite: bool = False) -> None:
     """Make ``root`` hold ``files`` as they are in ``work``; remove what an earlier sync laid and is gone.
+
+    Nothing is written if a destination is in the way: a file the last sync
+    did not lay (someone else's) whose content differs, or a folder where a
+    file goes.
 
     Args:
         work: the work repository's tree.
-        files: paths (relative, POSIX) to lay.
+        files: paths (relative, POSIX) to lay; none under ``kept``.
         root: the repository root.
-        ours: top-level names never written (see ``tracked_top_level``).
-        previous: the manifest of the last sync.
+        kept: top-level names that are the fork's own (see ``ours``).
+        previous: the manifest of the last sync (path -> sha256).
+        digests: sha256 of each of ``files`` in ``work``.
+        overwrite: replace files the last sync did not lay (``--force``).
 
-    Returns:
-        (manifest of what is laid now, top-level names kept as ours).
+    Raises:
+        KimiError: something is in the way (all such paths are named), or a
+            copy fails.
     """
-    manifest: dict[str, str] = {}
-    kept: set[str] = set()
+    blocked = []
     for rel in files:
-        top = rel.split("/", 1)[0]
-        if top in ours:
-            kept.add(top)
-            continue
-        src, dst = work / rel, root / rel
-        digest = sha256_file(src)
-        if not (dst.is_file() and previous.get(rel) == digest and sha256_file(dst) == digest):
-            _copy(src, dst)
-        manifest[rel] = digest
-    for rel in previous.keys() - manifest.keys():
-        if rel.split("/", 1)[0] not in ours:
-            _remove(root, rel)
-    return manifest, sorted(kept)
+        dst = root / rel
+        if dst.is_dir() and not dst.is_symlink():
+            blocked.append(f"{rel} (a folder where upstream has a file)")
+        elif any(parent.is_file() for parent in list(dst.parents)[: rel.count("/")]):
+            blocked.append(f"{rel} (a file where upstream has a folder)")
+        elif not overwrite and dst.is_file() and rel not in previous and sha256_file(dst) != digests[rel]:
+            blocked.append(f"{rel} (not laid by kimi)")
+    if blocked:
+        raise KimiError("these paths are in the way of the upstream tree; move them away and sync again:\n  "
+                        + "\n  ".join(blocked[:20]))
+    try:
+        for rel in previous.keys() - set(files):
+            if rel.split("/", 1)[0] not in kept:
+                _remove(root, rel)
+        for rel in files:
+            dst = root / rel
+            if not (dst.is_file() and previous.get(rel) == digests[rel] and sha256_file(dst) == digests[rel]):
+                _copy(work / rel, dst)
+    except OSError as exc:
+        raise KimiError(f"laying the tree failed: {exc}; fix the cause and run `kimi sync --force`") from None
 
 
 @dataclass

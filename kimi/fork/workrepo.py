@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.errors import KimiError
+from kimi.fork.fsutil import decode, encode
 from kimi.fork.patches import Patch
 
 UPSTREAM_TAG = "upstream"
@@ -59,14 +60,20 @@ class WorkRepo:
 
     def git(self, *args: str, input: str | None = None, check: bool = True,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run git in the repository; raises KimiError with git's stderr when ``check`` fails."""
+        """Run git in the repository; raises KimiError with git's output when ``check`` fails.
+
+        Input and output are exact text (``fsutil.decode``): CRLF and non-UTF-8
+        bytes pass through unchanged.
+        """
         full_env = {**os.environ, **_GIT_ENV, **(env or {})}
-        proc = subprocess.run(
+        raw = subprocess.run(
             ["git", *_GIT_OPTS, "-C", str(self.path), *args],
-            input=input, capture_output=True, text=True, env=full_env,
+            input=None if input is None else encode(input), capture_output=True, env=full_env,
         )
+        proc = subprocess.CompletedProcess(raw.args, raw.returncode, decode(raw.stdout), decode(raw.stderr))
         if check and proc.returncode != 0:
-            raise KimiError(f"git {' '.join(args[:2])} failed in {self.path}: {proc.stderr.strip()}")
+            said = (proc.stderr.strip() or proc.stdout.strip() or "no message").replace("\n", " / ")
+            raise KimiError(f"git {' '.join(args[:2])} failed in {self.path}: {said}")
         return proc
 
     @classmethod
@@ -111,6 +118,16 @@ class WorkRepo:
                 return proc.returncode == 0
 
         return check("--reverse") and not check()
+
+    def same_change(self, diff: str, commit: str) -> bool:
+        """True if ``diff`` applied to ``commit``'s parent gives ``commit``'s tree."""
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            self.git("read-tree", f"{commit}^", env=env)
+            if self.git("apply", "--cached", "-", input=diff, env=env, check=False).returncode != 0:
+                return False
+            tree = self.git("write-tree", env=env).stdout.strip()
+        return tree == self.git("rev-parse", f"{commit}^{{tree}}").stdout.strip()
 
     def patch_commits(self) -> list[tuple[str, str]]:
         """(patch name, commit) for each commit after the upstream one, oldest first."""
