@@ -17,6 +17,10 @@ EPILOG = """first steps on a fresh clone:
   python3 -m kimi setup      lay vLLM, install the fork into .venv, smoke-run `vllm`
   python3 -m kimi test       the test suite (sets up first if needed)
 
+drafters (EAGLE-3 checkpoints):
+  kimi drafter inspect DIR --target TARGET [--json]
+  kimi drafter convert SRC DST [--target TARGET]
+
 developer loop (`kimi` is `python3 -m kimi`; the `kimi` script exists once .venv is active):
   kimi sync                  lay the pinned upstream release, patched, at the root
   (edit files under vllm/, csrc/, ...)
@@ -60,6 +64,52 @@ def _cmd_test(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.devenv import run_tests
 
     return run_tests(layout, args.line, venv=args.venv, kernels=args.kernels, pytest_args=args.pytest_args)
+
+
+def _cmd_drafter_inspect(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.drafter.inspect import inspect
+
+    report = inspect(args.path, args.target, served_positions=args.max_model_len)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.render())
+    return 1 if report.problems else 0
+
+
+def _cmd_drafter_convert(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.drafter.convert import convert
+
+    convert(args.src, args.dst, target=args.target, convention=args.convention, force=args.force)
+    return 0
+
+
+def _add_drafter_commands(sub: argparse._SubParsersAction) -> None:
+    drafter = sub.add_parser("drafter", help="inspect and convert EAGLE-3 drafter checkpoints",
+                             description="EAGLE-3 drafter checkpoints: what they are and a vLLM-ready copy.")
+    cmds = drafter.add_subparsers(dest="drafter_command", metavar="COMMAND", required=True)
+    p = cmds.add_parser(
+        "inspect", help="report format, sizes, vocab maps, aux layer ids and their convention, and problems",
+        description="Read config.json and the safetensors headers (no weights are loaded) and report the format, "
+                    "the architecture vLLM will pick, hidden sizes, draft/target vocab and d2t/t2d sanity, the aux "
+                    "layer ids as written, their convention and the evidence, the ids in vLLM's convention (state "
+                    "entering layer k), RoPE length against the target's context, and problems. Exit status 1 "
+                    "when problems are found.")
+    p.add_argument("path", type=Path, help="drafter checkpoint folder")
+    p.add_argument("--target", type=Path, help="target model folder or its config.json")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context the drafter will be served at (default: the target's max_position_embeddings)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=_cmd_drafter_inspect)
+    p = cmds.add_parser(
+        "convert", help="write a vLLM-ready drafter with explicit aux layer ids in vLLM's convention",
+        description="Copy SRC to DST with top-level eagle_aux_hidden_state_layer_ids in vLLM's convention, the "
+                    "convention stated, and speculators checkpoints mapped to the Llama-style midlayer.* layout. "
+                    "DST is written in a temporary folder and renamed into place.")
+    p.add_argument("src", type=Path, help="drafter checkpoint folder")
+    p.add_argument("dst", type=Path, help="folder to create")
+    p.add_argument("--target", type=Path, help="target folder or config.json (needed when SRC names no ids)")
+    p.add_argument("--convention", choices=("layer_input", "layer_output"),
+                   help="the convention of the ids SRC writes, when detection can only guess")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.set_defaults(func=_cmd_drafter_convert)
 
 
 def _add_env_options(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env_options(p)
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments for pytest (after --)")
     p.set_defaults(func=_cmd_test)
+
+    _add_drafter_commands(sub)
     return parser
 
 

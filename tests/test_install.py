@@ -16,11 +16,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from conftest import ROOT, copy_checkout, init_repo
 from kimi.fork.build_hook import kernels_mode
 from kimi.fork.layout import Layout
 from kimi.fork.pin import load_pin
-
-from conftest import ROOT, copy_checkout, init_repo
 
 pytestmark = pytest.mark.install
 PIN = load_pin(ROOT / "kimi" / "lines" / "mainline" / "pin.json")

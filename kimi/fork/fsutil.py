@@ -30,10 +30,22 @@ def read_exact(path: Path) -> str:
     return decode(path.read_bytes())
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(folder: bool = False) -> int:
+    """The permissions a plain ``open``/``mkdir`` would give (0644 / 0755 under the usual umask)."""
+    return (0o777 if folder else 0o666) & ~_umask()
+
+
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
-    A reader sees the old file or the new one, never a half-written one.
+    A reader sees the old file or the new one, never a half-written one.  The
+    file gets the usual permissions (``default_mode``), not ``mkstemp``'s 0600.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = encode(data) if isinstance(data, str) else data
@@ -41,6 +53,7 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
+        os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

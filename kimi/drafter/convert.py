@@ -1,0 +1,124 @@
+"""``kimi drafter convert SRC DST``: a vLLM-ready copy of an EAGLE-3 drafter.
+
+The copy states its aux layer ids explicitly and in vLLM's convention:
+top-level ``eagle_aux_hidden_state_layer_ids`` (state entering layer k),
+``eagle_aux_hidden_state_layer_ids_convention: layer_input``,
+``num_aux_hidden_states``, and no nested ids left to be misread.  A
+speculators checkpoint becomes the Llama-style layout (``transformer_layer_config``
+flattened, ``LlamaForCausalLMEagle3``, ``layers.0.*`` renamed ``midlayer.*``).
+Where the source has no ids, the target's depth decides them (``--target``).
+
+DST is written into a temporary folder beside it and renamed into place, so
+it either exists complete or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from kimi.drafter.checkpoint import read_config
+from kimi.drafter.conventions import CONVENTION_FIELD, CONVENTIONS, IDS_FIELD, LAYER_INPUT, AuxIds
+from kimi.drafter.inspect import Report, inspect
+from kimi.errors import KimiError
+from kimi.fork.fsutil import default_mode, write_atomic
+
+_SPECULATORS_KEYS = ("speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config")
+
+
+def _converted_config(cfg: dict, report: Report, ids: list[int]) -> dict:
+    if report.format == "speculators":
+        out = dict(cfg.get("transformer_layer_config") or {})
+        for key, value in cfg.items():
+            if key not in _SPECULATORS_KEYS and key not in ("architectures", "model_type"):
+                out[key] = value
+        out["architectures"] = ["LlamaForCausalLMEagle3"]
+        out.setdefault("model_type", "llama")
+    else:
+        out = dict(cfg)
+    nested = out.get("eagle_config")
+    if isinstance(nested, dict):
+        out["eagle_config"] = {k: v for k, v in nested.items() if k != IDS_FIELD}
+    out[IDS_FIELD] = ids
+    out[CONVENTION_FIELD] = LAYER_INPUT
+    out["num_aux_hidden_states"] = len(ids)
+    out["kimi_converted_from"] = {"format": report.format, "ids_written": report.as_dict()["aux_layer_ids_written"],
+                                  "field": report.aux.where, "convention": report.aux.convention}
+    return out
+
+
+def _copy_weights(src: Path, dst: Path, rename: bool) -> None:
+    """Copy safetensors files (renaming ``layers.0.`` to ``midlayer.`` when asked) and the other files."""
+    for file in sorted(src.iterdir()):
+        if file.name == "config.json" or not file.is_file():
+            continue
+        if rename and file.suffix == ".safetensors":
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(str(file))
+            renamed = {(f"midlayer.{k[len('layers.0.'):]}" if k.startswith("layers.0.") else k): v
+                       for k, v in tensors.items()}
+            save_file(renamed, str(dst / file.name), metadata={"format": "pt"})
+        elif rename and file.name.endswith(".safetensors.index.json"):
+            index = json.loads(file.read_text())
+            index["weight_map"] = {(f"midlayer.{k[len('layers.0.'):]}" if k.startswith("layers.0.") else k): v
+                                   for k, v in index.get("weight_map", {}).items()}
+            (dst / file.name).write_text(json.dumps(index, indent=2))
+        else:
+            shutil.copy2(file, dst / file.name)
+
+
+def convert(src: Path, dst: Path, target: Path | None = None, convention: str | None = None,
+            force: bool = False) -> Report:
+    """Write the vLLM-ready drafter; returns the inspection of the source.
+
+    Args:
+        src: the drafter checkpoint folder.
+        dst: the folder to create (must not exist unless ``force``).
+        target: target folder or config.json; needed when the source has no ids,
+            and checks the ids against the target's depth.
+        convention: the convention of the written ids (``layer_input`` or
+            ``layer_output``), overriding detection; required when detection
+            can only guess.
+        force: replace an existing ``dst``.
+
+    Raises:
+        KimiError: ``dst`` exists, the ids cannot be decided, or they do not
+            fit the target or the drafter's ``fc`` (the problems are listed).
+    """
+    if dst.exists() and not force:
+        raise KimiError(f"{dst} exists; choose another folder or pass --force to replace it")
+    if convention is not None and convention not in CONVENTIONS:
+        raise KimiError(f"--convention must be one of {', '.join(CONVENTIONS)}")
+    report = inspect(src, target)
+    if convention is not None and report.aux.written is not None:
+        report.aux = AuxIds(report.aux.written, report.aux.where, convention, f"--convention {convention}")
+        report.findings = [f for f in report.findings if f[0] != "convention"]
+    ids = report.aux.vllm_ids(report.target["num_layers"] if report.target else None)
+    if ids is None:
+        raise KimiError(f"{src} names no aux layer ids: pass --target so that the target's depth decides them")
+    blocking = report.blocking()
+    if blocking:
+        raise KimiError("the drafter cannot be converted as it is:\n  " + "\n  ".join(blocking))
+    for problem in report.problems:
+        print(f"kimi drafter convert: warning: {problem}", file=sys.stderr)
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        _copy_weights(src, staging, rename=report.format == "speculators")
+        config = _converted_config(read_config(src), report, list(ids))
+        write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
+        os.chmod(staging, default_mode(folder=True))
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(staging, dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    print(f"kimi drafter convert: wrote {dst} (aux layer ids {list(ids)}, {LAYER_INPUT})", file=sys.stderr)
+    return report

@@ -1,0 +1,280 @@
+"""``kimi drafter inspect``: what a published EAGLE-3 drafter is, and what would go wrong serving it.
+
+Reads ``config.json`` and safetensors headers only (plus the small ``d2t`` /
+``t2d`` maps).  Formats recognised (DESIGN.md, "Public drafters"):
+
+* ``eagle3-llama`` - EAGLE / SpecForge Llama-style: ``LlamaForCausalLMEagle3``,
+  ``midlayer.*``, ``fc``, ``norm``, ``lm_head`` over a draft vocabulary, ``d2t``, ``t2d``;
+* ``speculators`` - ``speculators_model_type`` with ``transformer_layer_config``,
+  ``layers.0.*`` tensors, top-level ids;
+* ``modelopt`` - NVIDIA Model Optimizer export (nested ``eagle_config`` with
+  modelopt keys, or ``hf_quant_config.json``);
+* ``eagle3-mla`` - ``Eagle3DeepseekV3ForCausalLM`` with an MLA attention layer.
+
+Vocabulary maps (EAGLE-3 reference layout): ``d2t`` holds int64 offsets, so a
+draft id ``i`` maps to target id ``i + d2t[i]``; ``t2d`` is a bool mask over
+the target vocabulary with one true entry per draft id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kimi.drafter.checkpoint import Checkpoint, read_config, text_config
+from kimi.drafter.conventions import AuxIds, check_ids, read_aux_ids
+
+FORMATS = ("eagle3-llama", "speculators", "modelopt", "eagle3-mla")
+_MODELOPT_KEYS = {"use_aux_hidden_state", "use_input_layernorm_in_first_layer", "use_last_layernorm",
+                  "eagle_decoder_type", "use_mtp_layernorm"}
+# RoPE variants whose frequencies do not depend on max_position_embeddings: raising it only
+# lengthens the cos/sin cache (vllm/model_executor/layers/rotary_embedding: default, linear, llama3).
+CACHE_ONLY_ROPE = (None, "default", "linear", "llama3")
+
+
+@dataclass
+class Target:
+    """What inspection needs of the target model (from its config.json)."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int | None
+    model_type: str
+
+    @classmethod
+    def from_path(cls, path: Path) -> Target:
+        cfg = text_config(read_config(path))
+        return cls(num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
+                   vocab_size=int(cfg["vocab_size"]), max_positions=cfg.get("max_position_embeddings"),
+                   model_type=str(cfg.get("model_type", "")))
+
+
+@dataclass
+class Report:
+    """The result of an inspection; ``as_dict`` is the ``--json`` form."""
+
+    path: str
+    format: str
+    format_evidence: str
+    architecture: str
+    model_type: str
+    hidden_size: int | None
+    target_hidden_size: int | None
+    draft_vocab_size: int | None
+    target_vocab_size: int | None
+    vocab_map: dict
+    aux: AuxIds
+    aux_layer_ids: list[int] | None
+    fc_hidden_states: int | None
+    rope: dict
+    target: dict | None
+    findings: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        """The findings as sentences."""
+        return [text for _, text in self.findings]
+
+    def blocking(self, kinds: tuple[str, ...] = ("ids", "shape", "convention")) -> list[str]:
+        """Findings of the given kinds (``ids``, ``shape``, ``convention``, ``vocab``, ``rope``, ``format``)."""
+        return [text for kind, text in self.findings if kind in kinds]
+
+    def as_dict(self) -> dict:
+        return {
+            "path": self.path, "format": self.format, "format_evidence": self.format_evidence,
+            "architecture": self.architecture, "model_type": self.model_type,
+            "hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
+            "draft_vocab_size": self.draft_vocab_size, "target_vocab_size": self.target_vocab_size,
+            "vocab_map": self.vocab_map,
+            "aux_layer_ids_written": list(self.aux.written) if self.aux.written else None,
+            "aux_layer_ids_field": self.aux.where, "convention": self.aux.convention,
+            "convention_evidence": self.aux.evidence, "aux_layer_ids": self.aux_layer_ids,
+            "fc_hidden_states": self.fc_hidden_states, "rope": self.rope, "target": self.target,
+            "problems": self.problems,
+        }
+
+    def render(self) -> str:
+        d = self.as_dict()
+        vm = self.vocab_map
+        rows = [
+            f"drafter        {self.path}",
+            f"format         {self.format} ({self.format_evidence})",
+            f"architecture   {self.architecture} (model_type {self.model_type})",
+            f"hidden         {self.hidden_size}, target hidden {self.target_hidden_size}",
+            f"vocab          draft {self.draft_vocab_size}, target {self.target_vocab_size}",
+            f"d2t / t2d      {vm.get('summary', 'absent')}",
+            f"aux ids        written {d['aux_layer_ids_written']} in {self.aux.where or '-'}",
+            f"convention     {self.aux.convention}: {self.aux.evidence}",
+            f"vLLM ids       {self.aux_layer_ids} (state entering layer k); fc takes {self.fc_hidden_states} states",
+            f"RoPE           {self.rope.get('summary')}",
+        ]
+        rows += [f"problem        {p}" for p in self.problems] or ["problems       none"]
+        return "\n".join(rows)
+
+
+def detect_format(ckpt: Checkpoint) -> tuple[str, str]:
+    """(format, evidence) of a drafter checkpoint (see module docstring)."""
+    cfg = ckpt.config
+    archs = cfg.get("architectures") or []
+    nested = cfg.get("eagle_config")
+    if "speculators_model_type" in cfg:
+        return "speculators", f"speculators_model_type {cfg['speculators_model_type']!r}"
+    if isinstance(nested, dict) and _MODELOPT_KEYS & nested.keys():
+        return "modelopt", f"eagle_config holds modelopt keys {sorted(_MODELOPT_KEYS & nested.keys())}"
+    if (ckpt.path / "hf_quant_config.json").is_file():
+        return "modelopt", "hf_quant_config.json (modelopt export)"
+    if any("Deepseek" in a for a in archs) or "kv_lora_rank" in cfg:
+        return "eagle3-mla", f"architectures {archs}" + (" with kv_lora_rank" if "kv_lora_rank" in cfg else "")
+    if any(name.startswith("midlayer.") for name in ckpt.tensors) or "LlamaForCausalLMEagle3" in archs:
+        return "eagle3-llama", f"architectures {archs}, midlayer.* tensors"
+    return "unknown", f"architectures {archs}; no known EAGLE-3 layout"
+
+
+def vllm_architecture(cfg: dict, fmt: str) -> str:
+    """The architecture name vLLM 0.26 resolves for this drafter (EAGLEConfig's renaming, speculators' map)."""
+    if fmt == "speculators":
+        inner = cfg.get("transformer_layer_config") or {}
+        return {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}.get(
+            inner.get("model_type", "llama"), f"unsupported model_type {inner.get('model_type')!r}")
+    archs = cfg.get("architectures") or ["?"]
+    arch = archs[0]
+    return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else f"Eagle3{arch}"
+
+
+def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None, target_vocab: int | None) -> tuple[dict, list[str]]:
+    info: dict = {"d2t": "d2t" in ckpt.tensors, "t2d": "t2d" in ckpt.tensors}
+    problems = []
+    if not info["d2t"]:
+        if draft_vocab and target_vocab and draft_vocab != target_vocab:
+            problems.append(f"no d2t tensor but the draft vocabulary ({draft_vocab}) is smaller than the target's "
+                            f"({target_vocab}): draft ids cannot be mapped to target ids")
+        info["summary"] = "absent (draft vocabulary = target vocabulary)"
+        return info, problems
+    d2t = ckpt.read("d2t").astype(np.int64).reshape(-1)
+    mapped = np.arange(d2t.shape[0], dtype=np.int64) + d2t
+    info.update(d2t_len=int(d2t.shape[0]), min_target_id=int(mapped.min()), max_target_id=int(mapped.max()))
+    if draft_vocab and d2t.shape[0] != draft_vocab:
+        problems.append(f"d2t has {d2t.shape[0]} entries but the draft vocabulary has {draft_vocab}")
+    if target_vocab and (mapped.min() < 0 or mapped.max() >= target_vocab):
+        outside = int(((mapped < 0) | (mapped >= target_vocab)).sum())
+        problems.append(f"d2t maps {outside} draft ids outside the target vocabulary 0..{target_vocab - 1} "
+                        f"(target ids {int(mapped.min())}..{int(mapped.max())})")
+    if len(np.unique(mapped)) != len(mapped):
+        problems.append("d2t maps several draft ids to the same target id")
+    if info["t2d"]:
+        t2d = ckpt.read("t2d").astype(bool).reshape(-1)
+        info.update(t2d_len=int(t2d.shape[0]), t2d_true=int(t2d.sum()))
+        if target_vocab and t2d.shape[0] != target_vocab:
+            problems.append(f"t2d covers {t2d.shape[0]} ids but the target vocabulary has {target_vocab}")
+        if int(t2d.sum()) != d2t.shape[0]:
+            problems.append(f"t2d marks {int(t2d.sum())} target ids but the draft vocabulary has {d2t.shape[0]}")
+        inside = mapped[(mapped >= 0) & (mapped < t2d.shape[0])]
+        if not t2d[inside].all():
+            problems.append("t2d does not mark every target id that d2t maps to")
+    info["summary"] = (f"{info['d2t_len']} draft ids -> target ids {info['min_target_id']}..{info['max_target_id']}"
+                       + (f"; t2d marks {info['t2d_true']} of {info['t2d_len']}" if info["t2d"] else "; no t2d"))
+    return info, problems
+
+
+def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]]:
+    """The drafter's RoPE length against the positions it will be served at.
+
+    Returns:
+        (``{"max_position_embeddings", "rope_type", "served", "cache_only", "summary"}``, problems).
+        Too short but cache-only is not a problem (the fork raises the length at
+        serve time); too short with a length-dependent RoPE is.
+    """
+    own = cfg.get("max_position_embeddings")
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+    cache_only = rope_type in CACHE_ONLY_ROPE
+    info = {"max_position_embeddings": own, "rope_type": rope_type or "default", "served": served_positions,
+            "cache_only": cache_only}
+    problems = []
+    if own is None or served_positions is None or own >= served_positions:
+        info["summary"] = f"{own} positions ({info['rope_type']}), served {served_positions}: ok"
+    elif cache_only:
+        info["summary"] = (f"{own} positions < {served_positions} served; {info['rope_type']} RoPE depends only on "
+                           "the position, so the fork raises the drafter's length at serve time")
+    else:
+        info["summary"] = f"{own} positions < {served_positions} served, {rope_type} RoPE"
+        problems.append(f"the drafter's RoPE ({rope_type}) covers {own} positions but the target serves "
+                        f"{served_positions}: serve with --max-model-len {own} or use a drafter made for the "
+                        "longer context")
+    return info, problems
+
+
+def inspect(path: Path, target_path: Path | None = None, served_positions: int | None = None) -> Report:
+    """Inspect the drafter at ``path`` (optionally against a target folder or config.json).
+
+    Args:
+        path: drafter checkpoint folder.
+        target_path: target folder or its config.json; gives the layer count,
+            hidden size, vocabulary and context the drafter must fit.
+        served_positions: the context it will be served at (default: the
+            target's ``max_position_embeddings``).
+
+    Raises:
+        KimiError: unreadable drafter or target.
+    """
+    ckpt = Checkpoint.open(path)
+    cfg = ckpt.config
+    fmt, evidence = detect_format(ckpt)
+    layer_cfg = cfg.get("transformer_layer_config") if fmt == "speculators" else cfg
+    layer_cfg = layer_cfg if isinstance(layer_cfg, dict) else cfg
+    target = Target.from_path(target_path) if target_path else None
+    findings: list[tuple[str, str]] = []
+
+    def add(kind: str, text: str) -> None:
+        findings.append((kind, text))
+
+    if fmt == "unknown":
+        add("format", f"not a known EAGLE-3 drafter layout ({evidence})")
+
+    hidden = layer_cfg.get("hidden_size")
+    target_hidden = cfg.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or hidden
+    lm_head = ckpt.shape("lm_head.weight")
+    draft_vocab = cfg.get("draft_vocab_size") or (lm_head[0] if lm_head else None)
+    target_vocab = target.vocab_size if target else layer_cfg.get("vocab_size")
+    if target and target_hidden != target.hidden_size:
+        add("shape", f"the drafter expects target hidden states of width {target_hidden} but the target's hidden "
+                     f"size is {target.hidden_size}: this drafter was made for another model")
+    if target and layer_cfg.get("vocab_size") not in (None, target.vocab_size):
+        add("vocab", f"the drafter's vocab_size {layer_cfg.get('vocab_size')} differs from the target's "
+                     f"{target.vocab_size}")
+    vocab_map, vocab_problems = _vocab_map(ckpt, draft_vocab, target_vocab)
+    findings += [("vocab", p) for p in vocab_problems]
+
+    fc = ckpt.shape("fc.weight")
+    fc_states = None
+    if fc and target_hidden:
+        if fc[1] % target_hidden:
+            add("shape", f"fc.weight {list(fc)} does not take a whole number of {target_hidden}-wide states")
+        else:
+            fc_states = fc[1] // target_hidden
+    elif not fc:
+        add("shape", "no fc.weight tensor: not an EAGLE-3 drafter (EAGLE-3 fuses target states through fc)")
+
+    aux = read_aux_ids(cfg, modelopt=fmt == "modelopt")
+    if aux.ambiguous:
+        add("convention", f"the convention of {aux.where} {list(aux.written)} is a guess ({aux.evidence}); "
+                          "state it with `kimi drafter convert --convention layer_input|layer_output`")
+    ids = aux.vllm_ids(target.num_layers if target else None)
+    if ids is not None and target:
+        findings += [("ids", p) for p in check_ids(ids, target.num_layers, fc_states)]
+    elif ids is not None and fc_states is not None and fc_states != len(ids):
+        findings += [("ids", p) for p in check_ids(ids, max(ids) + 1, fc_states)]
+
+    served = served_positions or (target.max_positions if target else None)
+    rope, rope_problems = rope_check(layer_cfg, served)
+    findings += [("rope", p) for p in rope_problems]
+    return Report(
+        path=str(path), format=fmt, format_evidence=evidence, architecture=vllm_architecture(cfg, fmt),
+        model_type=str(layer_cfg.get("model_type", "")), hidden_size=hidden, target_hidden_size=target_hidden,
+        draft_vocab_size=draft_vocab, target_vocab_size=target_vocab, vocab_map=vocab_map, aux=aux,
+        aux_layer_ids=list(ids) if ids is not None else None, fc_hidden_states=fc_states, rope=rope,
+        target=None if target is None else vars(target), findings=findings,
+    )

@@ -1,0 +1,123 @@
+"""Patches 0004 and 0005: EAGLE-3 drafter checks in vLLM's speculative config, before any weight loads.
+
+Config-level checks build vLLM's engine config (`EngineArgs.create_engine_config`),
+which is where `vllm serve` fails or proceeds before loading weights.  The
+4-layer case runs the engine on CPU: upstream 0.26.0 picks the colliding
+default ids (2, 2, 1), captures two states and crashes in the drafter's fc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from drafters import tiny_llama_pair
+
+pytestmark = pytest.mark.install
+
+_ENGINE_CONFIG = textwrap.dedent("""
+    import json, sys
+    from vllm.engine.arg_utils import EngineArgs
+    target, drafter, max_len = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=max_len, gpu_memory_utilization=0.25,
+                      speculative_config={"method": "eagle3", "model": drafter, "num_speculative_tokens": 3})
+    try:
+        hf = args.create_engine_config().speculative_config.draft_model_config.hf_config
+    except Exception as exc:
+        print(json.dumps({"error": str(exc)}))
+    else:
+        print(json.dumps({"ids": hf.eagle_aux_hidden_state_layer_ids, "num": hf.num_aux_hidden_states,
+                          "max_positions": hf.max_position_embeddings}))
+""")
+
+
+def engine_config(target: Path, drafter: Path, max_len: int = 1024) -> dict:
+    result = subprocess.run([sys.executable, "-c", _ENGINE_CONFIG, str(target), str(drafter), str(max_len)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def pair(tmp_path: Path, layers: int, **drafter_config) -> tuple[Path, Path]:
+    return tiny_llama_pair(tmp_path, layers, drafter_config)
+
+
+def test_output_convention_ids_are_translated(tmp_path: Path) -> None:
+    target, drafter = pair(tmp_path, 8, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 5]})
+    assert engine_config(target, drafter) == {"ids": [2, 4, 6], "num": 3, "max_positions": 2048}
+
+
+def test_out_of_range_ids_fail_before_loading_with_the_fix(tmp_path: Path) -> None:
+    target, drafter = pair(tmp_path, 8, eagle_aux_hidden_state_layer_ids=[2, 4, 9])
+    error = engine_config(target, drafter)["error"]
+    assert "does not fit the 8-layer target" in error and "[9] are outside the target's layers 0..7" in error
+    assert "kimi drafter inspect" in error
+
+
+def test_repeated_ids_and_a_count_that_does_not_match_fc_fail(tmp_path: Path) -> None:
+    target, drafter = pair(tmp_path / "a", 8, eagle_aux_hidden_state_layer_ids=[2, 4, 4])
+    assert "repeat [4]" in engine_config(target, drafter)["error"]
+    target, drafter = pair(tmp_path / "b", 8, eagle_aux_hidden_state_layer_ids=[2, 6])
+    error = engine_config(target, drafter)["error"]
+    assert "2 aux layer ids [2, 6] but the drafter's fc takes 3 hidden states" in error
+
+
+def test_drafter_for_another_hidden_size_fails(tmp_path: Path) -> None:
+    target, drafter = pair(tmp_path, 8, target_hidden_size=512)
+    assert "width 512, the target's hidden size is 256" in engine_config(target, drafter)["error"]
+
+
+def test_short_cache_only_rope_is_raised_and_yarn_fails(tmp_path: Path) -> None:
+    target, drafter = pair(tmp_path / "a", 8, max_position_embeddings=256)
+    assert engine_config(target, drafter, max_len=1024)["max_positions"] == 1024
+    target, drafter = pair(tmp_path / "b", 8, max_position_embeddings=256,
+                           rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128})
+    error = engine_config(target, drafter, max_len=1024)["error"]
+    assert "yarn RoPE covers 256 positions but the target serves 1024" in error and "--max-model-len 256" in error
+
+
+def test_kimi_k2_eagle_drafter_is_mla() -> None:
+    pytest.importorskip("vllm.config")  # first: it and the convertor module import each other
+    from transformers import DeepseekV3Config
+    from vllm.transformers_utils.configs.eagle import EAGLEConfig
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+
+    for model_type in ("kimi_k2", "deepseek_v3"):
+        inner = DeepseekV3Config(kv_lora_rank=512, q_lora_rank=1536, num_hidden_layers=1,
+                                 architectures=["Eagle3DeepseekV3ForCausalLM"])
+        inner.model_type = model_type
+        eagle = EAGLEConfig(inner, method="eagle3", model_type="eagle")
+        assert ModelArchConfigConvertorBase(eagle, eagle).is_deepseek_mla(), model_type
+
+
+_RUN = textwrap.dedent("""
+    import json, sys
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, max_model_len=512, gpu_memory_utilization=0.25, seed=0,
+              disable_log_stats=False,
+              speculative_config={"method": "eagle3", "model": sys.argv[2], "num_speculative_tokens": 3})
+    outs = llm.generate([{"prompt_token_ids": list(range(10, 30))}],
+                        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, detokenize=False))
+    drafts = [m.value for m in llm.get_metrics() if m.name.endswith("spec_decode_num_drafts")]
+    print(json.dumps({"tokens": len(outs[0].outputs[0].token_ids), "drafts": drafts}))
+""")
+
+
+def test_four_layer_target_runs_with_distinct_default_ids(tmp_path: Path) -> None:
+    """Upstream: default ids (2, 2, 1) -> two states -> fc shape error after loading. Fork: (1, 2, 3)."""
+    target, drafter = pair(tmp_path, 4)
+    assert engine_config(target, drafter)["ids"] == [1, 2, 3]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    result = subprocess.run([sys.executable, "-c", _RUN, str(target), str(drafter)], capture_output=True, text=True,
+                            timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = result.stdout + result.stderr  # vLLM logs to stdout by default
+    assert "names no aux layer ids: using the defaults [1, 2, 3] for the 4-layer target" in logs
+    run = json.loads(result.stdout.strip().splitlines()[-1])
+    assert run["tokens"] == 16 and run["drafts"] and run["drafts"][0] > 0

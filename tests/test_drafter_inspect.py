@@ -1,0 +1,168 @@
+"""``kimi drafter inspect`` on synthetic drafters in each published format, at Kimi-K2 dimensions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from drafters import (
+    KIMI,
+    head_tensors,
+    kimi_target,
+    llama_config,
+    llama_layer_tensors,
+    mla_drafter,
+    modelopt_drafter,
+    specforge_drafter,
+    speculators_drafter,
+    toplevel_drafter,
+    vocab_maps,
+    write_drafter,
+)
+
+pytest.importorskip("safetensors")
+
+
+def inspect_json(drafter: Path, target: Path | None, *extra: str) -> tuple[int, dict]:
+    args = [sys.executable, "-m", "kimi", "drafter", "inspect", str(drafter), "--json", *extra]
+    if target is not None:
+        args += ["--target", str(target)]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Path:
+    return kimi_target(tmp_path / "kimi-k2")
+
+
+def test_specforge_nested_ids_are_translated_to_vllm_convention(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(specforge_drafter(tmp_path / "d", [1, 29, 57]), target)
+    assert code == 0, report["problems"]
+    assert report["format"] == "eagle3-llama"
+    assert report["architecture"] == "LlamaForCausalLMEagle3"
+    assert report["aux_layer_ids_written"] == [1, 29, 57]
+    assert report["aux_layer_ids_field"] == "eagle_config.eagle_aux_hidden_state_layer_ids"
+    assert report["convention"] == "layer_output"
+    assert report["aux_layer_ids"] == [2, 30, 58]
+    assert report["problems"] == []
+    assert (report["hidden_size"], report["target_hidden_size"]) == (7168, 7168)
+    assert (report["draft_vocab_size"], report["target_vocab_size"]) == (32000, 163840)
+    assert report["vocab_map"]["t2d_true"] == 32000 and report["vocab_map"]["max_target_id"] < 163840
+    assert report["fc_hidden_states"] == 3
+
+
+def test_toplevel_ids_are_vllm_convention(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(toplevel_drafter(tmp_path / "d", [2, 30, 58]), target)
+    assert code == 0 and report["convention"] == "layer_input" and report["aux_layer_ids"] == [2, 30, 58]
+
+
+def test_no_ids_use_vllm_defaults(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(toplevel_drafter(tmp_path / "d", None), target)
+    assert code == 0 and report["convention"] == "default" and report["aux_layer_ids"] == [2, 30, 58]
+    assert report["aux_layer_ids_written"] is None
+
+
+def test_speculators_format(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(speculators_drafter(tmp_path / "d", [2, 30, 58]), target)
+    assert code == 0, report["problems"]
+    assert report["format"] == "speculators" and report["architecture"] == "Eagle3LlamaForCausalLM"
+    assert report["aux_layer_ids"] == [2, 30, 58] and report["hidden_size"] == 7168
+
+
+def test_modelopt_export_ids_are_layer_outputs(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(modelopt_drafter(tmp_path / "d", [1, 29, 57]), target)
+    assert code == 0, report["problems"]
+    assert report["format"] == "modelopt" and report["convention"] == "layer_output"
+    assert report["aux_layer_ids"] == [2, 30, 58]
+
+
+def test_mla_drafter(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(mla_drafter(tmp_path / "d", [2, 30, 58]), target)
+    assert code == 0, report["problems"]
+    assert report["format"] == "eagle3-mla" and report["architecture"] == "Eagle3DeepseekV3ForCausalLM"
+    assert report["model_type"] == "kimi_k2"
+
+
+def test_kimi_k25_wrapper_target_reads_its_text_config(tmp_path: Path) -> None:
+    wrapper = kimi_target(tmp_path / "k25", wrapper=True)
+    code, report = inspect_json(specforge_drafter(tmp_path / "d", [1, 29, 57]), wrapper / "config.json")
+    assert code == 0 and report["aux_layer_ids"] == [2, 30, 58] and report["target"]["num_layers"] == 61
+
+
+def test_four_layer_target_gets_distinct_default_ids(tmp_path: Path) -> None:
+    shallow = kimi_target(tmp_path / "t4", layers=4)
+    code, report = inspect_json(toplevel_drafter(tmp_path / "d", None), shallow)
+    assert code == 0, report["problems"]
+    assert report["aux_layer_ids"] == [1, 2, 3]  # upstream's (2, L//2, L-3) would be (2, 2, 1)
+
+
+def test_nested_ids_not_starting_at_one_are_flagged_as_a_guess(tmp_path: Path, target: Path) -> None:
+    code, report = inspect_json(specforge_drafter(tmp_path / "d", [2, 30, 58]), target)
+    assert code == 1
+    assert report["aux_layer_ids"] == [2, 30, 58]
+    assert any("is a guess" in p and "--convention" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize("ids, needle", [
+    ([2, 30, 61], "outside the target's layers 0..60 (61 layers)"),
+    ([2, 30, 30], "repeat [30]"),
+    ([2, 58], "2 aux layer ids [2, 58] but the drafter's fc takes 3 hidden states"),
+])
+def test_bad_ids_are_problems(tmp_path: Path, target: Path, ids: list[int], needle: str) -> None:
+    code, report = inspect_json(toplevel_drafter(tmp_path / "d", ids), target)
+    assert code == 1
+    assert any(needle in p for p in report["problems"]), report["problems"]
+
+
+def test_drafter_for_another_hidden_size(tmp_path: Path) -> None:
+    other = kimi_target(tmp_path / "t", dims={**KIMI, "hidden": 4096})
+    code, report = inspect_json(toplevel_drafter(tmp_path / "d"), other)
+    assert code == 1
+    assert any("width 7168 but the target's hidden size is 4096" in p for p in report["problems"])
+
+
+def test_vocab_maps_that_do_not_fit(tmp_path: Path, target: Path) -> None:
+    d2t, t2d = vocab_maps(KIMI["draft_vocab"], KIMI["target_vocab"])
+    d2t = d2t.copy()
+    d2t[-1] += 10**6  # maps the last draft id past the target vocabulary
+    t2d = t2d.copy()
+    t2d[np.flatnonzero(~t2d)[:5]] = True  # five extra marks
+    drafter = write_drafter(tmp_path / "d", llama_config(KIMI, eagle_aux_hidden_state_layer_ids=[2, 30, 58]),
+                            {**llama_layer_tensors("midlayer.", KIMI), **head_tensors(KIMI, d2t=d2t, t2d=t2d)})
+    code, report = inspect_json(drafter, target)
+    assert code == 1
+    assert any("d2t maps 1 draft ids outside the target vocabulary 0..163839" in p for p in report["problems"])
+    assert any("t2d marks 32005 target ids but the draft vocabulary has 32000" in p for p in report["problems"])
+
+
+def test_rope_shorter_than_the_context(tmp_path: Path, target: Path) -> None:
+    cache_only = toplevel_drafter(tmp_path / "a", max_position_embeddings=131072)
+    code, report = inspect_json(cache_only, target)
+    assert code == 0 and report["rope"]["cache_only"] and "raises" in report["rope"]["summary"]
+    yarn = toplevel_drafter(tmp_path / "b", max_position_embeddings=131072,
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                          "original_max_position_embeddings": 32768})
+    code, report = inspect_json(yarn, target)
+    assert code == 1 and any("covers 131072 positions but the target serves 262144" in p for p in report["problems"])
+    code, report = inspect_json(yarn, target, "--max-model-len", "65536")
+    assert code == 0
+
+
+def test_human_report_and_bad_paths(tmp_path: Path, target: Path) -> None:
+    drafter = specforge_drafter(tmp_path / "d", [1, 29, 57])
+    result = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(drafter), "--target",
+                             str(target)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and "layer_output" in result.stdout and "[2, 30, 58]" in result.stdout
+    missing = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(tmp_path / "nope")],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 1 and "is not a checkpoint folder" in missing.stderr
