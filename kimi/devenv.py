@@ -67,8 +67,7 @@ def ensure_env(layout: Layout, line: str, venv: Path | None, kernels: str,
     """
     venv = (venv or layout.root / ".venv").resolve()
     sync(layout, line, from_dir=from_dir)
-    os.environ["KIMI_KERNELS"] = kernels
-    mode = kernels_mode()
+    mode = kernels_mode(kernels)
     marker = venv / ".kimi-install"
     key = _install_key(layout, mode)
     python = _python(venv)
@@ -133,7 +132,7 @@ def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str 
     _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
                 {**os.environ, "PIP_CACHE_DIR": str(layout.private / "cache" / "pip")}, layout.root)
     _step("running pytest on tests/")
-    env = {**os.environ, "KIMI_TEST_INSTALLED": "1"}
+    env = {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_KERNELS": kernels_mode(kernels)}
     code = subprocess.run([str(python), "-m", "pytest", "tests", *(pytest_args or [])], cwd=layout.root,
                           env=env).returncode
     if code == PYTEST_NO_TESTS:

@@ -46,9 +46,13 @@ def cuda_present() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
-def kernels_mode() -> str:
-    """``cpu``, ``cuda`` or ``source`` from ``$KIMI_KERNELS`` (``auto`` decides by ``cuda_present``)."""
-    mode = os.environ.get("KIMI_KERNELS", "auto").strip().lower()
+def kernels_mode(requested: str | None = None) -> str:
+    """``cpu``, ``cuda`` or ``source`` from ``requested`` or ``$KIMI_KERNELS`` (``auto`` decides by ``cuda_present``).
+
+    Raises:
+        KimiError: not one of ``MODES``.
+    """
+    mode = (requested or os.environ.get("KIMI_KERNELS", "auto")).strip().lower()
     if mode not in MODES:
         raise KimiError(f"KIMI_KERNELS={mode!r} is not one of {', '.join(MODES)}")
     if mode == "auto":
