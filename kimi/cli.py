@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -66,6 +67,13 @@ def _cmd_test(args: argparse.Namespace, layout: Layout) -> int:
     return run_tests(layout, args.line, venv=args.venv, kernels=args.kernels, pytest_args=args.pytest_args)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
 def _cmd_drafter_inspect(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.drafter.inspect import inspect
 
@@ -94,7 +102,7 @@ def _add_drafter_commands(sub: argparse._SubParsersAction) -> None:
                     "when problems are found.")
     p.add_argument("path", type=Path, help="drafter checkpoint folder")
     p.add_argument("--target", type=Path, help="target model folder or its config.json")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--max-model-len", type=_positive_int, default=None,
                    help="context the drafter will be served at (default: the target's max_position_embeddings)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=_cmd_drafter_inspect)
@@ -173,9 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up like Ctrl-C: temporary files go, nothing half-written
     if getattr(args, "pytest_args", None) and args.pytest_args[0] == "--":
         args.pytest_args = args.pytest_args[1:]
     try:

@@ -110,3 +110,46 @@ def test_output_is_atomic(tmp_path: Path) -> None:
     broken = kimi("drafter", "convert", str(src), str(tmp_path / "dst"))
     assert broken.returncode == 1 and "Traceback" not in broken.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_force_never_replaces_the_source_or_a_folder_that_is_not_a_drafter(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    src = toplevel_drafter(models / "sf", [2, 30, 58], dims=SMALL)
+    (models / "OTHER.txt").write_text("keep me")
+    for dst in (models, src):
+        refused = kimi("drafter", "convert", str(src), str(dst), "--force")
+        assert refused.returncode == 1 and "holds the source drafter" in refused.stderr
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("x")
+    refused = kimi("drafter", "convert", str(src), str(tmp_path / "plain"), "--force")
+    assert refused.returncode == 1 and "not a checkpoint folder" in refused.stderr
+    assert (models / "OTHER.txt").read_text() == "keep me" and (src / "config.json").is_file()
+    assert (tmp_path / "plain" / "notes.txt").is_file()
+
+
+def test_force_replaces_an_earlier_conversion(tmp_path: Path) -> None:
+    src = toplevel_drafter(tmp_path / "src", [2, 30, 58], dims=SMALL)
+    assert kimi("drafter", "convert", str(src), str(tmp_path / "dst")).returncode == 0
+    (tmp_path / "dst" / "stale.txt").write_text("old")
+    assert kimi("drafter", "convert", str(src), str(tmp_path / "dst"), "--force").returncode == 0
+    assert not (tmp_path / "dst" / "stale.txt").exists() and (tmp_path / "dst" / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+
+
+def test_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from drafters import KIMI
+
+    src = speculators_drafter(tmp_path / "src", [2, 30, 58], dims={**KIMI, "intermediate": 4096})
+    proc = subprocess.Popen([sys.executable, "-m", "kimi", "drafter", "convert", str(src), str(tmp_path / "dst")],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(p.name.startswith(".dst.") for p in tmp_path.iterdir()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 130), err
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left in (["src"], ["dst", "src"]), left

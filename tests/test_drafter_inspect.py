@@ -166,3 +166,80 @@ def test_human_report_and_bad_paths(tmp_path: Path, target: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(tmp_path / "nope")],
                              capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode == 1 and "is not a checkpoint folder" in missing.stderr
+
+
+@pytest.mark.parametrize("ids", [["2", "30", "58"], [2.0, 30.0, 58.0], [True, False, True], [], "2,30,58"])
+def test_malformed_ids_are_problems_not_defaults(tmp_path: Path, target: Path, ids: object) -> None:
+    drafter = toplevel_drafter(tmp_path / "d")
+    config = json.loads((drafter / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = ids
+    (drafter / "config.json").write_text(json.dumps(config))
+    code, report = inspect_json(drafter, target)
+    assert code == 1 and report["aux_layer_ids"] is None
+    assert any("must be a non-empty list of integer layer ids" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("num_hidden_layers", None, "num_hidden_layers must be a positive integer"),
+    ("num_hidden_layers", "sixty", "num_hidden_layers must be a positive integer, not 'sixty'"),
+    ("vocab_size", 0, "vocab_size must be a positive integer"),
+])
+def test_bad_target_configs_are_one_line_errors(tmp_path: Path, field: str, value: object, needle: str) -> None:
+    target = kimi_target(tmp_path / "t")
+    config = json.loads((target / "config.json").read_text())
+    config[field] = value
+    (target / "config.json").write_text(json.dumps(config))
+    result = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(toplevel_drafter(tmp_path / "d")),
+                             "--target", str(target)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and needle in result.stderr
+
+
+def test_two_layer_target_without_ids(tmp_path: Path) -> None:
+    code, report = inspect_json(toplevel_drafter(tmp_path / "d", None), kimi_target(tmp_path / "t", layers=2))
+    assert code == 1 and any("needs 3 distinct target layers; the target has 2" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize("config_change, needle", [
+    ({"target_hidden_size": "7168"}, "target_hidden_size must be a positive integer"),
+    ({"max_position_embeddings": "2048"}, "max_position_embeddings must be a positive integer"),
+    ({"architectures": [1]}, "architectures must be a list of class names"),
+])
+def test_wrongly_typed_drafter_fields(tmp_path: Path, target: Path, config_change: dict, needle: str) -> None:
+    drafter = toplevel_drafter(tmp_path / "d")
+    config = {**json.loads((drafter / "config.json").read_text()), **config_change}
+    (drafter / "config.json").write_text(json.dumps(config))
+    code, report = inspect_json(drafter, target)
+    assert code == 1 and any(needle in p for p in report["problems"]), report["problems"]
+
+
+def test_malformed_tensors_are_problems(tmp_path: Path, target: Path) -> None:
+    d2t, t2d = vocab_maps(KIMI["draft_vocab"], KIMI["target_vocab"])
+    tensors = {**llama_layer_tensors("midlayer.", KIMI), **head_tensors(KIMI, d2t=d2t.reshape(2, -1), t2d=t2d),
+               "embed_tokens.weight": ("BF16", (163840, 4096), None)}
+    drafter = write_drafter(tmp_path / "d", llama_config(KIMI, eagle_aux_hidden_state_layer_ids=[2, 30, 58]), tensors)
+    code, report = inspect_json(drafter, target)
+    assert code == 1
+    assert any("d2t must be a non-empty 1-D int64 tensor" in p for p in report["problems"])
+    assert any("embed_tokens.weight is [163840, 4096], expected [163840, 7168]" in p for p in report["problems"])
+
+
+def test_sharded_checkpoint_reads_the_index(tmp_path: Path, target: Path) -> None:
+    from drafters import write_sparse_safetensors
+
+    drafter = toplevel_drafter(tmp_path / "d")
+    tensors = {**llama_layer_tensors("midlayer.", KIMI), **head_tensors(KIMI)}
+    names = sorted(tensors)
+    (drafter / "model.safetensors").unlink()
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, members in shards.items():
+        write_sparse_safetensors(drafter / shard, {n: tensors[n] for n in members})
+    index = {"weight_map": {n: shard for shard, members in shards.items() for n in members}}
+    (drafter / "model.safetensors.index.json").write_text(json.dumps(index))
+    write_sparse_safetensors(drafter / "stale.safetensors", {"fc.weight": ("BF16", (7168, 7), None)})
+    code, report = inspect_json(drafter, target)
+    assert code == 0 and report["fc_hidden_states"] == 3, report["problems"]  # the unlisted file is ignored
+    (drafter / "model-00002-of-00002.safetensors").unlink()
+    result = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(drafter)], capture_output=True,
+                            text=True, cwd=ROOT)
+    assert result.returncode == 1 and "lists model-00002-of-00002.safetensors, missing" in result.stderr

@@ -50,6 +50,8 @@ class AuxIds:
         convention: ``layer_input``, ``layer_output``, or ``default`` (none written).
         evidence: why that convention was chosen, in words.
         ambiguous: True when the convention is a guess the user should confirm.
+        malformed: a description when a field is present but not a list of
+            integers ('' otherwise); ``written`` is then None.
     """
 
     written: tuple[int, ...] | None
@@ -57,9 +59,16 @@ class AuxIds:
     convention: str
     evidence: str
     ambiguous: bool = False
+    malformed: str = ""
 
     def vllm_ids(self, num_target_layers: int | None) -> tuple[int, ...] | None:
-        """The ids in vLLM's ``layer_input`` convention (defaults need the target's depth)."""
+        """The ids in vLLM's ``layer_input`` convention (defaults need the target's depth; None if malformed).
+
+        Raises:
+            ValueError: defaults are needed and the target has fewer than 3 layers.
+        """
+        if self.malformed:
+            return None
         if self.written is None:
             return default_ids(num_target_layers) if num_target_layers else None
         shift = 1 if self.convention == LAYER_OUTPUT else 0
@@ -67,9 +76,25 @@ class AuxIds:
 
 
 def _ids(value: object) -> tuple[int, ...] | None:
-    if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and not isinstance(i, bool)
-                                                          for i in value):
+    """A non-empty list of plain integers as a tuple; anything else (bools, floats, strings) is None."""
+    if isinstance(value, (list, tuple)) and value and all(type(i) is int for i in value):
         return tuple(value)
+    return None
+
+
+def _malformed(config: dict) -> AuxIds | None:
+    nested = config.get("eagle_config")
+    fields = [(IDS_FIELD, config.get(IDS_FIELD))]
+    if isinstance(nested, dict):
+        fields.append((f"eagle_config.{IDS_FIELD}", nested.get(IDS_FIELD)))
+    for where, value in fields:
+        if value is not None and _ids(value) is None:
+            return AuxIds(None, where, "malformed", "", malformed=f"{where} must be a non-empty list of integer "
+                                                                  f"layer ids, not {value!r}")
+    stated = config.get(CONVENTION_FIELD)
+    if stated is not None and stated not in CONVENTIONS:
+        return AuxIds(None, CONVENTION_FIELD, "malformed", "",
+                      malformed=f"{CONVENTION_FIELD} must be one of {', '.join(CONVENTIONS)}, not {stated!r}")
     return None
 
 
@@ -80,6 +105,9 @@ def read_aux_ids(config: dict, modelopt: bool = False) -> AuxIds:
         config: the drafter's config dict.
         modelopt: the checkpoint is an NVIDIA modelopt export (its ids are ``layer_output``).
     """
+    bad = _malformed(config)
+    if bad is not None:
+        return bad
     top = _ids(config.get(IDS_FIELD))
     stated = config.get(CONVENTION_FIELD)
     if top is not None and stated in CONVENTIONS:

@@ -52,24 +52,50 @@ def _converted_config(cfg: dict, report: Report, ids: list[int]) -> dict:
 
 
 def _copy_weights(src: Path, dst: Path, rename: bool) -> None:
-    """Copy safetensors files (renaming ``layers.0.`` to ``midlayer.`` when asked) and the other files."""
+    """Copy the checkpoint's files (renaming ``layers.0.`` to ``midlayer.`` in safetensors when asked)."""
+
+    def renamed(name: str) -> str:
+        return f"midlayer.{name[len('layers.0.'):]}" if name.startswith("layers.0.") else name
+
     for file in sorted(src.iterdir()):
         if file.name == "config.json" or not file.is_file():
             continue
         if rename and file.suffix == ".safetensors":
             from safetensors.torch import load_file, save_file
 
-            tensors = load_file(str(file))
-            renamed = {(f"midlayer.{k[len('layers.0.'):]}" if k.startswith("layers.0.") else k): v
-                       for k, v in tensors.items()}
-            save_file(renamed, str(dst / file.name), metadata={"format": "pt"})
+            save_file({renamed(k): v for k, v in load_file(str(file)).items()}, str(dst / file.name),
+                      metadata={"format": "pt"})
+            os.chmod(dst / file.name, default_mode())
         elif rename and file.name.endswith(".safetensors.index.json"):
             index = json.loads(file.read_text())
-            index["weight_map"] = {(f"midlayer.{k[len('layers.0.'):]}" if k.startswith("layers.0.") else k): v
-                                   for k, v in index.get("weight_map", {}).items()}
-            (dst / file.name).write_text(json.dumps(index, indent=2))
+            index["weight_map"] = {renamed(k): v for k, v in index.get("weight_map", {}).items()}
+            write_atomic(dst / file.name, json.dumps(index, indent=2))
         else:
             shutil.copy2(file, dst / file.name)
+
+
+def _check_paths(src: Path, dst: Path, force: bool) -> None:
+    source, dest = src.resolve(), dst.resolve()
+    if dest == source or dest in source.parents:
+        raise KimiError(f"{dst} holds the source drafter {src}: choose a folder outside it")
+    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
+        raise KimiError(f"{dst} exists and is not a folder; choose another destination")
+    if dst.exists() and not force:
+        raise KimiError(f"{dst} exists; choose another folder or pass --force to replace it")
+    if dst.exists() and any(dst.iterdir()) and not (dst / "config.json").is_file():
+        raise KimiError(f"{dst} is not a checkpoint folder (no config.json); --force only replaces a drafter")
+
+
+def _publish(staging: Path, dst: Path) -> None:
+    """Put ``staging`` at ``dst``; an existing ``dst`` is swapped out first and removed after."""
+    os.chmod(staging, default_mode(folder=True))
+    if not dst.exists():
+        os.replace(staging, dst)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+    os.replace(dst, old / dst.name)
+    os.replace(staging, dst)
+    shutil.rmtree(old)
 
 
 def convert(src: Path, dst: Path, target: Path | None = None, convention: str | None = None,
@@ -78,7 +104,8 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
 
     Args:
         src: the drafter checkpoint folder.
-        dst: the folder to create (must not exist unless ``force``).
+        dst: the folder to create, outside ``src``; an existing one is only
+            replaced with ``force`` and only if it is a checkpoint folder.
         target: target folder or config.json; needed when the source has no ids,
             and checks the ids against the target's depth.
         convention: the convention of the written ids (``layer_input`` or
@@ -87,38 +114,43 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
         force: replace an existing ``dst``.
 
     Raises:
-        KimiError: ``dst`` exists, the ids cannot be decided, or they do not
-            fit the target or the drafter's ``fc`` (the problems are listed).
+        KimiError: ``dst`` is in the way, the ids cannot be decided, the
+            drafter has blocking problems (listed), or writing fails (nothing
+            is left behind).
     """
-    if dst.exists() and not force:
-        raise KimiError(f"{dst} exists; choose another folder or pass --force to replace it")
+    _check_paths(src, dst, force)
     if convention is not None and convention not in CONVENTIONS:
         raise KimiError(f"--convention must be one of {', '.join(CONVENTIONS)}")
     report = inspect(src, target)
     if convention is not None and report.aux.written is not None:
         report.aux = AuxIds(report.aux.written, report.aux.where, convention, f"--convention {convention}")
         report.findings = [f for f in report.findings if f[0] != "convention"]
-    ids = report.aux.vllm_ids(report.target["num_layers"] if report.target else None)
-    if ids is None:
-        raise KimiError(f"{src} names no aux layer ids: pass --target so that the target's depth decides them")
+    try:
+        ids = report.aux.vllm_ids(report.target["num_layers"] if report.target else None)
+    except ValueError as exc:
+        raise KimiError(str(exc)) from None
     blocking = report.blocking()
     if blocking:
         raise KimiError("the drafter cannot be converted as it is:\n  " + "\n  ".join(blocking))
+    if ids is None:
+        raise KimiError(f"{src} names no aux layer ids: pass --target so that the target's depth decides them")
     for problem in report.problems:
         print(f"kimi drafter convert: warning: {problem}", file=sys.stderr)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    staging = None
     try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
         _copy_weights(src, staging, rename=report.format == "speculators")
         config = _converted_config(read_config(src), report, list(ids))
         write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
-        os.chmod(staging, default_mode(folder=True))
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(staging, dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        _publish(staging, dst)
+    except OSError as exc:
+        raise KimiError(f"writing {dst} failed: {exc.strerror or exc}; nothing was written") from None
+    except Exception as exc:  # safetensors errors while rewriting a shard
+        raise KimiError(f"converting {src} failed: {exc}; nothing was written") from None
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
     print(f"kimi drafter convert: wrote {dst} (aux layer ids {list(ids)}, {LAYER_INPUT})", file=sys.stderr)
     return report

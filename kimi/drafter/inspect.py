@@ -25,6 +25,7 @@ import numpy as np
 
 from kimi.drafter.checkpoint import Checkpoint, read_config, text_config
 from kimi.drafter.conventions import AuxIds, check_ids, read_aux_ids
+from kimi.errors import KimiError
 
 FORMATS = ("eagle3-llama", "speculators", "modelopt", "eagle3-mla")
 _MODELOPT_KEYS = {"use_aux_hidden_state", "use_input_layernorm_in_first_layer", "use_last_layernorm",
@@ -32,11 +33,18 @@ _MODELOPT_KEYS = {"use_aux_hidden_state", "use_input_layernorm_in_first_layer", 
 # RoPE variants whose frequencies do not depend on max_position_embeddings: raising it only
 # lengthens the cos/sin cache (vllm/model_executor/layers/rotary_embedding: default, linear, llama3).
 CACHE_ONLY_ROPE = (None, "default", "linear", "llama3")
+# Findings that stop `kimi drafter convert` (the rest are warnings).
+CONVERT_BLOCKING = ("config", "ids", "shape", "vocab", "convention", "format")
+
+
+def positive_int(value: object) -> int | None:
+    """``value`` if it is a positive plain integer (not a bool, float or string), else None."""
+    return value if type(value) is int and value > 0 else None
 
 
 @dataclass
 class Target:
-    """What inspection needs of the target model (from its config.json)."""
+    """What inspection needs of the target model."""
 
     num_layers: int
     hidden_size: int
@@ -45,11 +53,25 @@ class Target:
     model_type: str
 
     @classmethod
-    def from_path(cls, path: Path) -> Target:
-        cfg = text_config(read_config(path))
-        return cls(num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
-                   vocab_size=int(cfg["vocab_size"]), max_positions=cfg.get("max_position_embeddings"),
+    def from_config(cls, config: dict, where: str) -> Target:
+        """From a target's config dict (a multimodal wrapper's ``text_config`` is used).
+
+        Raises:
+            KimiError: a required field is missing or not a positive integer.
+        """
+        cfg = text_config(config)
+        values = {}
+        for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
+            values[key] = positive_int(cfg.get(key))
+            if values[key] is None:
+                raise KimiError(f"target {where}: {key} must be a positive integer, not {cfg.get(key)!r}")
+        return cls(num_layers=values["num_hidden_layers"], hidden_size=values["hidden_size"],
+                   vocab_size=values["vocab_size"], max_positions=positive_int(cfg.get("max_position_embeddings")),
                    model_type=str(cfg.get("model_type", "")))
+
+    @classmethod
+    def from_path(cls, path: Path) -> Target:
+        return cls.from_config(read_config(path), str(path))
 
 
 @dataclass
@@ -78,8 +100,9 @@ class Report:
         """The findings as sentences."""
         return [text for _, text in self.findings]
 
-    def blocking(self, kinds: tuple[str, ...] = ("ids", "shape", "convention")) -> list[str]:
-        """Findings of the given kinds (``ids``, ``shape``, ``convention``, ``vocab``, ``rope``, ``format``)."""
+    def blocking(self, kinds: tuple[str, ...] = CONVERT_BLOCKING) -> list[str]:
+        """Findings of the given kinds (``config``, ``ids``, ``shape``, ``vocab``, ``convention``, ``rope``,
+        ``format``)."""
         return [text for kind, text in self.findings if kind in kinds]
 
     def as_dict(self) -> dict:
@@ -115,10 +138,16 @@ class Report:
         return "\n".join(rows)
 
 
+def architectures(cfg: dict) -> list[str]:
+    """The config's ``architectures`` names (non-strings dropped)."""
+    archs = cfg.get("architectures")
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+
+
 def detect_format(ckpt: Checkpoint) -> tuple[str, str]:
     """(format, evidence) of a drafter checkpoint (see module docstring)."""
     cfg = ckpt.config
-    archs = cfg.get("architectures") or []
+    archs = architectures(cfg)
     nested = cfg.get("eagle_config")
     if "speculators_model_type" in cfg:
         return "speculators", f"speculators_model_type {cfg['speculators_model_type']!r}"
@@ -136,11 +165,11 @@ def detect_format(ckpt: Checkpoint) -> tuple[str, str]:
 def vllm_architecture(cfg: dict, fmt: str) -> str:
     """The architecture name vLLM 0.26 resolves for this drafter (EAGLEConfig's renaming, speculators' map)."""
     if fmt == "speculators":
-        inner = cfg.get("transformer_layer_config") or {}
+        inner = cfg.get("transformer_layer_config")
+        inner_type = inner.get("model_type", "llama") if isinstance(inner, dict) else None
         return {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}.get(
-            inner.get("model_type", "llama"), f"unsupported model_type {inner.get('model_type')!r}")
-    archs = cfg.get("architectures") or ["?"]
-    arch = archs[0]
+            inner_type, f"unsupported model_type {inner_type!r}")
+    arch = (architectures(cfg) or ["?"])[0]
     return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else f"Eagle3{arch}"
 
 
@@ -148,12 +177,18 @@ def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None, target_vocab: int | No
     info: dict = {"d2t": "d2t" in ckpt.tensors, "t2d": "t2d" in ckpt.tensors}
     problems = []
     if not info["d2t"]:
-        if draft_vocab and target_vocab and draft_vocab != target_vocab:
+        if ckpt.has_weights and draft_vocab and target_vocab and draft_vocab != target_vocab:
             problems.append(f"no d2t tensor but the draft vocabulary ({draft_vocab}) is smaller than the target's "
                             f"({target_vocab}): draft ids cannot be mapped to target ids")
-        info["summary"] = "absent (draft vocabulary = target vocabulary)"
+        info["summary"] = "absent" if ckpt.has_weights else "not read (no weight files)"
         return info, problems
-    d2t = ckpt.read("d2t").astype(np.int64).reshape(-1)
+    d2t_info = ckpt.tensors["d2t"]
+    if d2t_info.dtype not in ("I64", "I32") or len(d2t_info.shape) != 1 or d2t_info.shape[0] == 0:
+        problems.append(f"d2t must be a non-empty 1-D int64 tensor of draft-to-target offsets, not "
+                        f"{d2t_info.dtype}{list(d2t_info.shape)}")
+        info["summary"] = "malformed d2t"
+        return info, problems
+    d2t = ckpt.read("d2t").astype(np.int64)
     mapped = np.arange(d2t.shape[0], dtype=np.int64) + d2t
     info.update(d2t_len=int(d2t.shape[0]), min_target_id=int(mapped.min()), max_target_id=int(mapped.max()))
     if draft_vocab and d2t.shape[0] != draft_vocab:
@@ -165,7 +200,13 @@ def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None, target_vocab: int | No
     if len(np.unique(mapped)) != len(mapped):
         problems.append("d2t maps several draft ids to the same target id")
     if info["t2d"]:
-        t2d = ckpt.read("t2d").astype(bool).reshape(-1)
+        t2d_info = ckpt.tensors["t2d"]
+        if t2d_info.dtype != "BOOL" or len(t2d_info.shape) != 1:
+            problems.append(f"t2d must be a 1-D bool mask over the target vocabulary, not "
+                            f"{t2d_info.dtype}{list(t2d_info.shape)}")
+            info["summary"] = "malformed t2d"
+            return info, problems
+        t2d = ckpt.read("t2d")
         info.update(t2d_len=int(t2d.shape[0]), t2d_true=int(t2d.sum()))
         if target_vocab and t2d.shape[0] != target_vocab:
             problems.append(f"t2d covers {t2d.shape[0]} ids but the target vocabulary has {target_vocab}")
@@ -179,6 +220,12 @@ def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None, target_vocab: int | No
     return info, problems
 
 
+def rope_type(cfg: dict) -> str | None:
+    """The RoPE variant named by ``rope_scaling`` / ``rope_parameters`` (None for plain RoPE)."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    return scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+
+
 def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]]:
     """The drafter's RoPE length against the positions it will be served at.
 
@@ -187,11 +234,10 @@ def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]
         Too short but cache-only is not a problem (the fork raises the length at
         serve time); too short with a length-dependent RoPE is.
     """
-    own = cfg.get("max_position_embeddings")
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
-    cache_only = rope_type in CACHE_ONLY_ROPE
-    info = {"max_position_embeddings": own, "rope_type": rope_type or "default", "served": served_positions,
+    own = positive_int(cfg.get("max_position_embeddings"))
+    kind = rope_type(cfg)
+    cache_only = kind in CACHE_ONLY_ROPE
+    info = {"max_position_embeddings": own, "rope_type": kind or "default", "served": served_positions,
             "cache_only": cache_only}
     problems = []
     if own is None or served_positions is None or own >= served_positions:
@@ -200,15 +246,15 @@ def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]
         info["summary"] = (f"{own} positions < {served_positions} served; {info['rope_type']} RoPE depends only on "
                            "the position, so the fork raises the drafter's length at serve time")
     else:
-        info["summary"] = f"{own} positions < {served_positions} served, {rope_type} RoPE"
-        problems.append(f"the drafter's RoPE ({rope_type}) covers {own} positions but the target serves "
+        info["summary"] = f"{own} positions < {served_positions} served, {kind} RoPE"
+        problems.append(f"the drafter's RoPE ({kind}) covers {own} positions but the target serves "
                         f"{served_positions}: serve with --max-model-len {own} or use a drafter made for the "
                         "longer context")
     return info, problems
 
 
 def inspect(path: Path, target_path: Path | None = None, served_positions: int | None = None) -> Report:
-    """Inspect the drafter at ``path`` (optionally against a target folder or config.json).
+    """Inspect the drafter folder ``path``, optionally against a target folder or config.json.
 
     Args:
         path: drafter checkpoint folder.
@@ -220,59 +266,88 @@ def inspect(path: Path, target_path: Path | None = None, served_positions: int |
     Raises:
         KimiError: unreadable drafter or target.
     """
-    ckpt = Checkpoint.open(path)
+    target = Target.from_path(target_path) if target_path else None
+    return inspect_checkpoint(Checkpoint.open(path), target, served_positions)
+
+
+def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions: int | None = None) -> Report:
+    """``inspect`` on an opened checkpoint (a config-only one skips the tensor checks)."""
     cfg = ckpt.config
     fmt, evidence = detect_format(ckpt)
-    layer_cfg = cfg.get("transformer_layer_config") if fmt == "speculators" else cfg
-    layer_cfg = layer_cfg if isinstance(layer_cfg, dict) else cfg
-    target = Target.from_path(target_path) if target_path else None
     findings: list[tuple[str, str]] = []
 
     def add(kind: str, text: str) -> None:
         findings.append((kind, text))
 
+    def number(source: dict, key: str) -> int | None:
+        value = source.get(key)
+        if value is not None and positive_int(value) is None:
+            add("config", f"config field {key} must be a positive integer, not {value!r}")
+        return positive_int(value)
+
     if fmt == "unknown":
         add("format", f"not a known EAGLE-3 drafter layout ({evidence})")
+    if "architectures" in cfg and architectures(cfg) != cfg["architectures"]:
+        add("config", f"architectures must be a list of class names, not {cfg['architectures']!r}")
+    layer_cfg = cfg
+    if fmt == "speculators":
+        layer_cfg = cfg.get("transformer_layer_config")
+        if not isinstance(layer_cfg, dict):
+            add("config", f"transformer_layer_config must be an object, not {layer_cfg!r}")
+            layer_cfg = {}
 
-    hidden = layer_cfg.get("hidden_size")
-    target_hidden = cfg.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or hidden
+    hidden = number(layer_cfg, "hidden_size")
+    target_hidden = number(cfg, "target_hidden_size") or number(layer_cfg, "target_hidden_size") or hidden
     lm_head = ckpt.shape("lm_head.weight")
-    draft_vocab = cfg.get("draft_vocab_size") or (lm_head[0] if lm_head else None)
-    target_vocab = target.vocab_size if target else layer_cfg.get("vocab_size")
-    if target and target_hidden != target.hidden_size:
+    draft_vocab = number(cfg, "draft_vocab_size") or (lm_head[0] if lm_head else None)
+    own_vocab = number(layer_cfg, "vocab_size")
+    target_vocab = target.vocab_size if target else own_vocab
+    if target and target_hidden and target_hidden != target.hidden_size:
         add("shape", f"the drafter expects target hidden states of width {target_hidden} but the target's hidden "
                      f"size is {target.hidden_size}: this drafter was made for another model")
-    if target and layer_cfg.get("vocab_size") not in (None, target.vocab_size):
-        add("vocab", f"the drafter's vocab_size {layer_cfg.get('vocab_size')} differs from the target's "
-                     f"{target.vocab_size}")
+    if target and own_vocab and own_vocab != target.vocab_size:
+        add("vocab", f"the drafter's vocab_size {own_vocab} differs from the target's {target.vocab_size}")
+    embed = ckpt.shape("embed_tokens.weight")
+    if embed and (len(embed) != 2 or (target_vocab and embed[0] != target_vocab) or (hidden and embed[1] != hidden)):
+        add("shape", f"embed_tokens.weight is {list(embed)}, expected [{target_vocab}, {hidden}] "
+                     "(target vocabulary x drafter hidden size)")
     vocab_map, vocab_problems = _vocab_map(ckpt, draft_vocab, target_vocab)
     findings += [("vocab", p) for p in vocab_problems]
 
     fc = ckpt.shape("fc.weight")
     fc_states = None
-    if fc and target_hidden:
+    if fc and (len(fc) != 2 or (hidden and fc[0] != hidden)):
+        add("shape", f"fc.weight is {list(fc)}, expected [{hidden}, k x {target_hidden}]")
+    elif fc and target_hidden:
         if fc[1] % target_hidden:
             add("shape", f"fc.weight {list(fc)} does not take a whole number of {target_hidden}-wide states")
         else:
             fc_states = fc[1] // target_hidden
-    elif not fc:
+    elif not fc and ckpt.has_weights:
         add("shape", "no fc.weight tensor: not an EAGLE-3 drafter (EAGLE-3 fuses target states through fc)")
 
     aux = read_aux_ids(cfg, modelopt=fmt == "modelopt")
+    if aux.malformed:
+        add("ids", aux.malformed)
     if aux.ambiguous:
         add("convention", f"the convention of {aux.where} {list(aux.written)} is a guess ({aux.evidence}); "
                           "state it with `kimi drafter convert --convention layer_input|layer_output`")
-    ids = aux.vllm_ids(target.num_layers if target else None)
+    try:
+        ids = aux.vllm_ids(target.num_layers if target else None)
+    except ValueError as exc:
+        add("ids", str(exc))
+        ids = None
     if ids is not None and target:
         findings += [("ids", p) for p in check_ids(ids, target.num_layers, fc_states)]
     elif ids is not None and fc_states is not None and fc_states != len(ids):
         findings += [("ids", p) for p in check_ids(ids, max(ids) + 1, fc_states)]
 
     served = served_positions or (target.max_positions if target else None)
+    number(layer_cfg, "max_position_embeddings")
     rope, rope_problems = rope_check(layer_cfg, served)
     findings += [("rope", p) for p in rope_problems]
     return Report(
-        path=str(path), format=fmt, format_evidence=evidence, architecture=vllm_architecture(cfg, fmt),
+        path=str(ckpt.path), format=fmt, format_evidence=evidence, architecture=vllm_architecture(cfg, fmt),
         model_type=str(layer_cfg.get("model_type", "")), hidden_size=hidden, target_hidden_size=target_hidden,
         draft_vocab_size=draft_vocab, target_vocab_size=target_vocab, vocab_map=vocab_map, aux=aux,
         aux_layer_ids=list(ids) if ids is not None else None, fc_hidden_states=fc_states, rope=rope,

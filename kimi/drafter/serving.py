@@ -7,9 +7,10 @@ Reached through one hook call in ``vllm/config/speculative.py`` (patch
    ids written as "output of layer k" are translated and the log says so; a
    drafter without ids gets vLLM's defaults made distinct for shallow targets,
    logged loudly with the ids used;
-2. checks them against the target's layer count, for repeats, and against
-   the number of hidden states the drafter's ``fc`` takes (from the
-   safetensors header), and checks the drafter's target hidden size;
+2. runs ``kimi drafter inspect``'s checks against the target as vLLM has
+   configured it: ids in range, not repeated, as many as the drafter's ``fc``
+   takes (safetensors header); the drafter's target hidden size and
+   vocabulary; ``d2t`` / ``t2d`` within the target vocabulary;
 3. raises the drafter's ``max_position_embeddings`` to the served context
    where its RoPE only caches positions, or fails clearly where it does not;
 4. writes the ids to the draft config's top-level
@@ -27,12 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from kimi.drafter.checkpoint import Checkpoint
-from kimi.drafter.conventions import LAYER_OUTPUT, check_ids, read_aux_ids
-from kimi.drafter.inspect import CACHE_ONLY_ROPE, detect_format
+from kimi.drafter.conventions import LAYER_OUTPUT
+from kimi.drafter.inspect import Target, inspect_checkpoint
+from kimi.errors import KimiError
 
 
 class DrafterConfigError(ValueError):
     """The EAGLE-3 drafter does not fit the target; the message names the fix."""
+
+
+# Findings that stop start-up; a guessed convention is read literally (as upstream does) with a
+# warning, and an unknown layout is left to vLLM's own loader.
+SERVE_BLOCKING = ("config", "ids", "shape", "vocab", "rope")
 
 
 def _logger():
@@ -41,21 +48,28 @@ def _logger():
     return init_logger("vllm.kimi.eagle3")
 
 
-def _local_checkpoint(model: str, revision: str | None) -> Checkpoint | None:
-    """The drafter's folder: a local path, or the Hugging Face cache's snapshot (no download)."""
+def _checkpoint(model: str, revision: str | None, hf_config: Any) -> Checkpoint:
+    """The drafter's folder (local path, or the Hugging Face cache's snapshot, no download);
+    config-only from ``hf_config`` when the files are not on this machine yet."""
     path = Path(model)
     if not path.is_dir():
         try:
             from huggingface_hub import snapshot_download
 
             path = Path(snapshot_download(model, revision=revision, local_files_only=True))
-        except Exception:  # not cached: the checks that need the files are skipped
-            return None
-    return Checkpoint.open(path)
+        except Exception:  # not cached: vLLM downloads it later; check the config alone
+            return Checkpoint(path=Path(model), config=hf_config.to_dict())
+    try:
+        return Checkpoint.open(path)
+    except KimiError as exc:
+        raise DrafterConfigError(f"EAGLE-3 drafter {model}: {exc}") from None
 
 
 def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
     """Check and fix up the EAGLE-3 drafter of ``spec_config`` (see module docstring).
+
+    The checks are ``kimi drafter inspect``'s, against the target as vLLM has
+    configured it (layers, hidden size, vocabulary, ``max_model_len``).
 
     Args:
         spec_config: ``vllm.config.SpeculativeConfig`` with ``method == "eagle3"``,
@@ -65,49 +79,40 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
         The aux layer ids (vLLM convention) the target will capture.
 
     Raises:
-        DrafterConfigError: ids out of range, repeated, or not matching the
-            drafter's ``fc``; a drafter made for another hidden size; a RoPE
-            that cannot cover the served context.
+        DrafterConfigError: malformed or unusable ids (out of range, repeated,
+            not matching the drafter's ``fc``), a drafter made for another
+            hidden size or vocabulary, bad ``d2t``/``t2d``, or a RoPE that
+            cannot cover the served context.
     """
     log = _logger()
-    draft, target = spec_config.draft_model_config, spec_config.target_model_config
-    hf = draft.hf_config
-    text = target.hf_text_config
-    num_layers = int(text.num_hidden_layers)
-    checkpoint = _local_checkpoint(draft.model, getattr(draft, "revision", None))
-    config = checkpoint.config if checkpoint else hf.to_dict()
-    fmt = detect_format(checkpoint)[0] if checkpoint else "unknown"
-    aux = read_aux_ids(config, modelopt=fmt == "modelopt")
+    draft, target_config = spec_config.draft_model_config, spec_config.target_model_config
+    hf, text = draft.hf_config, target_config.hf_text_config
     name = draft.model
-
-    try:
-        ids = aux.vllm_ids(num_layers)
-    except ValueError as exc:
-        raise DrafterConfigError(f"EAGLE-3 drafter {name}: {exc}") from None
-    target_hidden = int(getattr(hf, "target_hidden_size", None) or hf.hidden_size)
-    problems = []
-    if target_hidden != int(text.hidden_size):
-        problems.append(f"the drafter takes target hidden states of width {target_hidden}, the target's hidden size "
-                        f"is {text.hidden_size}: it was made for another model")
-    fc = checkpoint.shape("fc.weight") if checkpoint else None
-    fc_states = fc[1] // target_hidden if fc and fc[1] % target_hidden == 0 else None
-    problems += check_ids(ids, num_layers, fc_states)
+    target = Target(num_layers=int(text.num_hidden_layers), hidden_size=int(text.hidden_size),
+                    vocab_size=int(text.vocab_size), max_positions=None, model_type=str(text.model_type))
+    served = int(target_config.max_model_len)
+    report = inspect_checkpoint(_checkpoint(name, getattr(draft, "revision", None), hf), target, served)
+    problems = report.blocking(SERVE_BLOCKING)
     if problems:
-        written = f" (written {list(aux.written)} in {aux.where}, {aux.convention})" if aux.written else ""
+        aux = report.aux
+        written = f"; ids written {list(aux.written)} in {aux.where} ({aux.convention})" if aux.written else ""
         raise DrafterConfigError(
-            f"EAGLE-3 drafter {name} does not fit the {num_layers}-layer target {target.model}: "
-            + "; ".join(problems)
-            + f". vLLM ids {list(ids)}{written}. Fix: give the ids of the layers the drafter was trained on, in "
-            "vLLM's convention (state entering layer k, 0.." + str(num_layers - 1) + ") as "
-            "eagle_aux_hidden_state_layer_ids in the drafter's config.json; `kimi drafter inspect "
-            f"{name} --target {target.model}` shows what was found and `kimi drafter convert` writes them."
+            f"EAGLE-3 drafter {name} does not fit the {target.num_layers}-layer target {target_config.model}: "
+            + "; ".join(problems) + f"{written}. Fix: give the ids of the layers the drafter was trained on in "
+            f"vLLM's convention (state entering layer k, 0..{target.num_layers - 1}) as "
+            "eagle_aux_hidden_state_layer_ids in the drafter's config.json, or use the drafter made for this "
+            f"target; `kimi drafter inspect {name} --target {target_config.model}` shows what was found and "
+            "`kimi drafter convert` writes the ids."
         )
-
+    for warning in report.blocking(("convention", "format")):
+        log.warning("EAGLE-3 drafter %s: %s", name, warning)
+    ids = tuple(report.aux_layer_ids)
+    aux = report.aux
     if aux.written is None:
         log.warning(
             "EAGLE-3 drafter %s names no aux layer ids: using the defaults %s for the %d-layer target. If the "
             "drafter was trained on other layers, acceptance collapses without an error; write the ids with "
-            "`kimi drafter convert`.", name, list(ids), num_layers)
+            "`kimi drafter convert`.", name, list(ids), target.num_layers)
     elif aux.convention == LAYER_OUTPUT:
         log.warning(
             "EAGLE-3 drafter %s: aux layer ids %s in %s are 'output of layer k' (%s); translated to vLLM's "
@@ -116,21 +121,10 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
         log.info("EAGLE-3 drafter %s: aux layer ids %s (%s).", name, list(ids), aux.evidence)
     hf.eagle_aux_hidden_state_layer_ids = list(ids)
     hf.num_aux_hidden_states = len(ids)
-    _fit_rope(hf, int(target.max_model_len), name, log)
+    own = report.rope["max_position_embeddings"]
+    if own is not None and own < served:  # cache-only here: a length-dependent RoPE is a blocking finding
+        log.warning("EAGLE-3 drafter %s: max_position_embeddings %d < served context %d; its %s RoPE depends only "
+                    "on the position, so its length is raised to %d.", name, own, served, report.rope["rope_type"],
+                    served)
+        hf.max_position_embeddings = served
     return ids
-
-
-def _fit_rope(hf: Any, served: int, name: str, log: Any) -> None:
-    """Raise a cache-only RoPE's length to ``served`` positions, or fail where the RoPE depends on it."""
-    own = getattr(hf, "max_position_embeddings", None)
-    if own is None or own >= served:
-        return
-    scaling = getattr(hf, "rope_scaling", None) or getattr(hf, "rope_parameters", None) or {}
-    rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
-    if rope_type not in CACHE_ONLY_ROPE:
-        raise DrafterConfigError(
-            f"EAGLE-3 drafter {name}: its {rope_type} RoPE covers {own} positions but the target serves {served}; "
-            f"serve with --max-model-len {own}, or use a drafter made for the longer context")
-    log.warning("EAGLE-3 drafter %s: max_position_embeddings %d < served context %d; its %s RoPE depends only on "
-                "the position, so its length is raised to %d.", name, own, served, rope_type or "default", served)
-    hf.max_position_embeddings = served

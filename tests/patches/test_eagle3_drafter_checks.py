@@ -70,7 +70,8 @@ def test_repeated_ids_and_a_count_that_does_not_match_fc_fail(tmp_path: Path) ->
 
 def test_drafter_for_another_hidden_size_fails(tmp_path: Path) -> None:
     target, drafter = pair(tmp_path, 8, target_hidden_size=512)
-    assert "width 512, the target's hidden size is 256" in engine_config(target, drafter)["error"]
+    error = engine_config(target, drafter)["error"]
+    assert "expects target hidden states of width 512 but the target's hidden size is 256" in error
 
 
 def test_short_cache_only_rope_is_raised_and_yarn_fails(tmp_path: Path) -> None:
@@ -79,7 +80,7 @@ def test_short_cache_only_rope_is_raised_and_yarn_fails(tmp_path: Path) -> None:
     target, drafter = pair(tmp_path / "b", 8, max_position_embeddings=256,
                            rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128})
     error = engine_config(target, drafter, max_len=1024)["error"]
-    assert "yarn RoPE covers 256 positions but the target serves 1024" in error and "--max-model-len 256" in error
+    assert "RoPE (yarn) covers 256 positions but the target serves 1024" in error and "--max-model-len 256" in error
 
 
 def test_kimi_k2_eagle_drafter_is_mla() -> None:
@@ -121,3 +122,17 @@ def test_four_layer_target_runs_with_distinct_default_ids(tmp_path: Path) -> Non
     assert "names no aux layer ids: using the defaults [1, 2, 3] for the 4-layer target" in logs
     run = json.loads(result.stdout.strip().splitlines()[-1])
     assert run["tokens"] == 16 and run["drafts"] and run["drafts"][0] > 0
+
+
+def test_malformed_ids_and_a_bad_fc_fail_before_loading(tmp_path: Path) -> None:
+    target, drafter = pair(tmp_path / "a", 8, eagle_aux_hidden_state_layer_ids=["2", "4", "6"])
+    assert "must be a non-empty list of integer layer ids" in engine_config(target, drafter)["error"]
+    target, drafter = pair(tmp_path / "b", 8)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(drafter / "model.safetensors"))
+    weights["fc.weight"] = weights["fc.weight"][:, :700].contiguous()
+    save_file(weights, str(drafter / "model.safetensors"))
+    assert "does not take a whole number of 256-wide states" in engine_config(target, drafter)["error"]
+    (drafter / "model.safetensors").write_bytes(b"\x00" * 16)
+    assert "not a readable safetensors file" in engine_config(target, drafter)["error"]
