@@ -109,14 +109,15 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
     ids = tuple(report.aux_layer_ids)
     aux = report.aux
     if aux.written is None:
-        log.warning(
+        log.warning_once(
             "EAGLE-3 drafter %s names no aux layer ids: using the defaults %s for the %d-layer target. If the "
             "drafter was trained on other layers, acceptance collapses without an error; write the ids with "
-            "`kimi drafter convert`.", name, list(ids), target.num_layers)
+            "`kimi drafter convert`.", name, str(list(ids)), target.num_layers)
     elif aux.convention == LAYER_OUTPUT:
-        log.warning(
+        log.warning_once(
             "EAGLE-3 drafter %s: aux layer ids %s in %s are 'output of layer k' (%s); translated to vLLM's "
-            "'state entering layer k' ids %s.", name, list(aux.written), aux.where, aux.evidence, list(ids))
+            "'state entering layer k' ids %s.", name, str(list(aux.written)), aux.where, aux.evidence,
+            str(list(ids)))
     else:
         log.info("EAGLE-3 drafter %s: aux layer ids %s (%s).", name, list(ids), aux.evidence)
     hf.eagle_aux_hidden_state_layer_ids = list(ids)
