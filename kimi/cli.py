@@ -89,10 +89,14 @@ def _cmd_drafter_convert(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def _group(sub: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """A command with subcommands of its own (``kimi drafter inspect``)."""
+    parser = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
+    return parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+
+
 def _add_drafter_commands(sub: argparse._SubParsersAction) -> None:
-    drafter = sub.add_parser("drafter", help="inspect and convert EAGLE-3 drafter checkpoints",
-                             description="EAGLE-3 drafter checkpoints: what they are and a vLLM-ready copy.")
-    cmds = drafter.add_subparsers(dest="drafter_command", metavar="COMMAND", required=True)
+    cmds = _group(sub, "drafter", "inspect and convert EAGLE-3 drafter checkpoints")
     p = cmds.add_parser(
         "inspect", help="report format, sizes, vocab maps, aux layer ids and their convention, and problems",
         description="Read config.json and the safetensors headers (no weights are loaded) and report the format, "
@@ -118,6 +122,28 @@ def _add_drafter_commands(sub: argparse._SubParsersAction) -> None:
                    help="the convention of the ids SRC writes, when detection can only guess")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.set_defaults(func=_cmd_drafter_convert)
+
+
+def _cmd_models_make(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.models.reference import ReferenceSpec, make_reference_models
+
+    out = args.out or layout.private / "models" / "reference"
+    make_reference_models(out, ReferenceSpec(seed=args.seed), force=args.force)
+    return 0
+
+
+def _add_models_commands(sub: argparse._SubParsersAction) -> None:
+    cmds = _group(sub, "models", "make the reference models (target, drafters, tokenizer), never downloaded")
+    p = cmds.add_parser(
+        "make", help="write the reference DeepSeek-V3-architecture target and its two EAGLE-3 drafters",
+        description="Train a byte-level BPE tokenizer on the Python standard library, then write a small "
+                    "DeepSeek-V3-architecture target (MLA, noaux_tc MoE, shared expert) and a Llama-style and an "
+                    "MLA-style EAGLE-3 drafter with random weights from a seed, in the checkpoint layouts vLLM and "
+                    "transformers load. Written atomically, with a MANIFEST.json of digests.")
+    p.add_argument("out", nargs="?", type=Path, default=None, help="folder to write (default: .kimi/models/reference)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace an existing folder")
+    p.set_defaults(func=_cmd_models_make)
 
 
 def _add_env_options(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_test)
 
     _add_drafter_commands(sub)
+    _add_models_commands(sub)
     return parser
 
 

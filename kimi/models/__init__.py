@@ -1,0 +1,1 @@
+"""Reference models made by the project (never downloaded): ``tokenizer`` and ``reference``."""
