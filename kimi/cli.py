@@ -146,6 +146,39 @@ def _add_models_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_models_make)
 
 
+def _cmd_rebase(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.fork.rebase import rebase, rebase_abort, rebase_continue
+
+    if args.abort:
+        rebase_abort(layout)
+    elif args.resume:
+        rebase_continue(layout)
+    elif args.to:
+        rebase(layout, args.to, dry_run=args.dry_run, from_dir=args.from_dir)
+    else:
+        raise KimiError("give --to X.Y.Z, --continue or --abort")
+    return 0
+
+
+def _add_rebase_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rebase", help="move the synced line to a new upstream release (three-way merges)",
+        description="Import upstream release X.Y.Z and replay the patch series on it with git cherry-pick "
+                    "(three-way merges). Patches upstream already contains are dropped; a conflict stops the "
+                    "rebase with a report and markers in .kimi/rebase/repo (--continue / --abort). At the end the "
+                    "pin and the patch files are rewritten; run `kimi sync` to lay the new release. Reports: "
+                    ".kimi/rebase/report.md and report.json.")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--to", metavar="X.Y.Z", help="the upstream release to move to")
+    action.add_argument("--continue", dest="resume", action="store_true", help="go on after resolving a conflict")
+    action.add_argument("--abort", action="store_true", help="drop the rebase in progress")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write only the report (conflicts are recorded, not stopped at)")
+    p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                   help="folder holding the new release's files, for sites without a package index")
+    p.set_defaults(func=_cmd_rebase)
+
+
 def _add_env_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--line", default=DEFAULT_LINE, help="line to lay (default: %(default)s)")
     parser.add_argument("--venv", type=Path, default=None, help="virtual environment (default: ROOT/.venv)")
@@ -203,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments for pytest (after --)")
     p.set_defaults(func=_cmd_test)
 
+    _add_rebase_command(sub)
     _add_drafter_commands(sub)
     _add_models_commands(sub)
     return parser

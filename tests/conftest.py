@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi.fork.checkout import commit_all
+
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "9.9.0"
 
@@ -124,24 +126,6 @@ class Fork:
         self.git("commit", "-q", "-m", message)
 
 
-def copy_checkout(dest: Path) -> None:
-    """Copy the files this checkout tracks or would track (not the laid tree) into ``dest``."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout
-    for rel in filter(None, listed.split("\0")):
-        if (ROOT / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dest / rel)
-
-
-def init_repo(path: Path) -> None:
-    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
-    for key, value in (("user.name", "test"), ("user.email", "test@localhost"), ("commit.gpgsign", "false")):
-        subprocess.run(["git", "-C", str(path), "config", key, value], check=True)
-    subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "fork"], check=True)
-
-
 def _vllm_installed() -> bool:
     """An installed vllm distribution (the laid tree alone is importable but not installed)."""
     import importlib.metadata
@@ -190,5 +174,7 @@ def fork(tmp_path: Path) -> Fork:
     _, sha = make_sdist(from_dir)
     result = Fork(root=root, from_dir=from_dir, cache=tmp_path / "cache")
     result.write_pin(sha)
-    init_repo(root)
+    commit_all(root)
+    for key, value in (("user.name", "test"), ("user.email", "test@localhost"), ("commit.gpgsign", "false")):
+        subprocess.run(["git", "-C", str(root), "config", key, value], check=True)
     return result

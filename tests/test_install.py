@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_checkout, init_repo
+from conftest import ROOT
 from kimi.fork.build_hook import kernels_mode
+from kimi.fork.checkout import fresh_copy
 from kimi.fork.layout import Layout
 from kimi.fork.pin import load_pin
 
@@ -75,8 +76,7 @@ def test_install_leaves_git_status_clean() -> None:
 
 def test_fresh_clone_syncs_offline_from_the_cache(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
-    copy_checkout(clone)
-    init_repo(clone)
+    fresh_copy(ROOT, clone)
     env = {**os.environ, "KIMI_CACHE_DIR": str(Layout.of(ROOT).cache), "KIMI_INDEX_URL": "http://127.0.0.1:9/simple"}
     result = subprocess.run([sys.executable, "-m", "kimi", "sync"], cwd=clone, env=env, capture_output=True,
                             text=True, timeout=600)

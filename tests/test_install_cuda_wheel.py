@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_checkout, init_repo
+from conftest import ROOT
+from kimi.fork.checkout import fresh_copy
 from kimi.fork.layout import Layout
 from kimi.fork.pin import load_pin
 
@@ -26,8 +27,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("KIMI_HEAVY") != "1",
 
 def test_cuda_kernels_install_and_help_without_a_gpu(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
-    copy_checkout(clone)
-    init_repo(clone)
+    fresh_copy(ROOT, clone)
     env = {**os.environ, "KIMI_CACHE_DIR": str(Layout.of(ROOT).cache)}
     setup = subprocess.run([sys.executable, "-m", "kimi", "setup", "--kernels", "cuda"], cwd=clone, env=env,
                            capture_output=True, text=True, timeout=3600)

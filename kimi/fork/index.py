@@ -17,6 +17,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
@@ -72,8 +73,16 @@ class _Anchors(HTMLParser):
             self._href = None
 
 
-def list_files(index: str, project: str) -> dict[str, str]:
-    """Map file name -> download URL (fragment removed) for one project.
+@dataclass(frozen=True)
+class IndexFile:
+    """A release file as the index lists it: download URL (fragment removed) and its sha256 if given."""
+
+    url: str
+    sha256: str | None
+
+
+def list_files(index: str, project: str) -> dict[str, IndexFile]:
+    """Map file name -> ``IndexFile`` for one project.
 
     Raises:
         KimiError: the index cannot be reached, or does not know the project.
@@ -96,17 +105,19 @@ def list_files(index: str, project: str) -> dict[str, str]:
         ) from None
     if "json" in ctype:
         try:
-            pairs = [(f["filename"], f["url"]) for f in json.loads(body)["files"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            entries = [(f["filename"], f["url"], (f.get("hashes") or {}).get("sha256"))
+                       for f in json.loads(body)["files"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise KimiError(f"the package index {index} answered {page} with a malformed JSON page ({exc})") from None
     else:
         parser = _Anchors()
         parser.feed(body.decode("utf-8", "replace"))
-        pairs = parser.links
+        entries = [(name, href, None) for name, href in parser.links]
     result = {}
-    for name, href in pairs:
+    for name, href, sha in entries:
         parts = urlsplit(urljoin(base, href))
-        result[name] = urlunsplit(parts._replace(fragment=""))
+        fragment = re.match(r"sha256=([0-9a-f]{64})$", parts.fragment)
+        result[name] = IndexFile(urlunsplit(parts._replace(fragment="")), sha or (fragment and fragment.group(1)))
     return result
 
 
@@ -119,7 +130,7 @@ def find_file(index: str, project: str, filename: str) -> str:
     """
     files = list_files(index, project)
     if filename in files:
-        return files[filename]
+        return files[filename].url
     versions = sorted(
         {m.group(1) for name in files if (m := re.match(r"[^-]+-(\d+\.\d+\.\d+)[-.]", name))},
         key=lambda v: tuple(int(x) for x in v.split(".")),

@@ -1,0 +1,292 @@
+"""``kimi rebase --to X.Y.Z``: move a line to a new upstream release, replaying the series with git.
+
+The new release's files are found on the package index (or ``--from DIR``),
+its sdist is unpacked into ``.kimi/rebase/repo`` as an upstream commit, and
+each patch commit of ``.kimi/work`` is cherry-picked onto it - a three-way
+merge whose base is the old release.  Per patch:
+
+* ``applied``  - the merge is clean;
+* ``absorbed`` - the result is empty: the new release already contains the
+  change, so the patch is dropped and the report says in which release;
+* ``conflict`` - git leaves conflict markers in ``.kimi/rebase/repo``; the
+  rebase stops with a report (patch, files, marker lines).  Resolve the files
+  and run ``kimi rebase --continue``, or ``kimi rebase --abort``.
+
+When every patch is through, the patch files are rewritten from the new
+commits (headers kept, absorbed patches removed) and ``pin.json`` names the
+new release; ``kimi sync`` then lays it.  ``--dry-run`` replays everything in
+the same way but records conflicts and goes on, writes only the report and
+leaves the pin, the series and the laid tree alone.
+
+Reports: ``.kimi/rebase/report.md`` and ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kimi.errors import KimiError
+from kimi.fork import index as pkgindex
+from kimi.fork.artifacts import obtain
+from kimi.fork.fsutil import sha256_file, write_atomic, write_json_atomic
+from kimi.fork.layout import Layout
+from kimi.fork.lock import exclusive
+from kimi.fork.patches import read_patch, write_patch
+from kimi.fork.pin import Artifact, Pin, load_pin
+from kimi.fork.state import SyncState
+from kimi.fork.sync import check_no_unrefreshed_edits
+from kimi.fork.tree import extract_sdist
+from kimi.fork.workrepo import WorkRepo
+
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_RESUME = "Resolve the conflict markers in `.kimi/rebase/repo`, then `kimi rebase --continue` (or `--abort`)."
+
+
+@dataclass
+class PatchOutcome:
+    """What happened to one patch: ``applied``, ``absorbed``, ``conflict`` or ``not reached``."""
+
+    name: str
+    outcome: str
+    files: list[str] = field(default_factory=list)
+    conflicts: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class RebaseState:
+    """A rebase in progress (``.kimi/rebase/state.json``)."""
+
+    line: str
+    source: str
+    target: str
+    dry_run: bool
+    new_pin: dict
+    pending: list[list[str]]
+    outcomes: list[dict] = field(default_factory=list)
+    started: str = ""
+
+
+def _dir(layout: Layout) -> Path:
+    return layout.private / "rebase"
+
+
+def _say(msg: str) -> None:
+    print(f"kimi: {msg}", file=sys.stderr)
+
+
+def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
+    """The pin of ``version``: the same artifacts renamed, with sha256s from the index or ``--from``."""
+    artifacts = {}
+    for role, old in pin.artifacts.items():
+        filename = old.file.replace(pin.version, version)
+        if from_dir is not None:
+            path = from_dir / filename
+            if path.is_file():
+                artifacts[role] = {"project": old.project, "file": filename, "sha256": sha256_file(path)}
+            elif role == "sdist":
+                raise KimiError(f"--from {from_dir}: no {filename} there")
+            continue
+        listed = pkgindex.list_files(pkgindex.index_url(), old.project)
+        if filename not in listed:
+            if role == "sdist":
+                pkgindex.find_file(pkgindex.index_url(), old.project, filename)  # raises, listing versions
+            _say(f"warning: {filename} is not on the package index; the new pin has no {role}")
+            continue
+        if listed[filename].sha256 is None:
+            raise KimiError(f"the package index gives no sha256 for {filename}; pass --from DIR with the files")
+        artifacts[role] = {"project": old.project, "file": filename, "sha256": listed[filename].sha256}
+    return {"line": pin.line, "version": version, "fork_release": 1, "torch": pin.torch, "artifacts": artifacts}
+
+
+def _torch_of(tree: Path, fallback: str) -> str:
+    """The torch version the release builds against (``pyproject.toml`` build requirements)."""
+    match = re.search(r'"torch\s*==\s*([\d.]+)"', (tree / "pyproject.toml").read_text(errors="replace")) \
+        if (tree / "pyproject.toml").is_file() else None
+    return match.group(1) if match else fallback
+
+
+def _conflict_lines(repo: WorkRepo, files: list[str]) -> dict[str, list[int]]:
+    lines: dict[str, list[int]] = {}
+    for rel in files:
+        path = repo.path / rel
+        if path.is_file():
+            text = path.read_text(errors="replace").splitlines()
+            lines[rel] = [i for i, line in enumerate(text, 1) if line.startswith("<<<<<<<")]
+    return lines
+
+
+def _pick(repo: WorkRepo, name: str, commit: str) -> PatchOutcome:
+    """Cherry-pick one patch commit; on a conflict the markers stay in the tree."""
+    proc = repo.git("cherry-pick", commit, check=False, env={"GIT_EDITOR": "true"})
+    files = [p for p in repo.git("diff-tree", "--no-commit-id", "--name-only", "-r", commit).stdout.split("\n") if p]
+    if proc.returncode == 0:
+        return PatchOutcome(name, "applied", files)
+    conflicted = [p for p in repo.git("diff", "--name-only", "--diff-filter=U").stdout.split("\n") if p]
+    if not conflicted and "empty" in (proc.stdout + proc.stderr):
+        repo.git("cherry-pick", "--skip", check=False)
+        return PatchOutcome(name, "absorbed", files)
+    if not conflicted:
+        raise KimiError(f"git cherry-pick of {name} failed: {(proc.stderr or proc.stdout).strip()}")
+    return PatchOutcome(name, "conflict", files, _conflict_lines(repo, conflicted))
+
+
+def _replay(layout: Layout, state: RebaseState) -> bool:
+    """Pick the pending patches; returns False when stopped at a conflict (state saved)."""
+    repo = WorkRepo(_dir(layout) / "repo")
+    while state.pending:
+        name, commit = state.pending.pop(0)
+        outcome = _pick(repo, name, commit)
+        state.outcomes.append(asdict(outcome))
+        _say(f"{name}: {outcome.outcome}" + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
+        if outcome.outcome == "conflict":
+            if state.dry_run:
+                repo.git("cherry-pick", "--abort", check=False)
+                continue
+            write_json_atomic(_dir(layout) / "state.json", asdict(state))
+            return False
+    return True
+
+
+def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
+    outcomes = state.outcomes + [{"name": n, "outcome": "not reached", "files": [], "conflicts": {}}
+                                 for n, _ in state.pending]
+    report = {
+        "line": state.line, "from": state.source, "to": state.target, "dry_run": state.dry_run,
+        "finished": finished, "started": state.started, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "applied": [o["name"] for o in outcomes if o["outcome"] == "applied"],
+        "absorbed": [{"name": o["name"], "in": state.target} for o in outcomes if o["outcome"] == "absorbed"],
+        "conflicts": [{"name": o["name"], "files": o["conflicts"]} for o in outcomes if o["outcome"] == "conflict"],
+        "patches": outcomes, "new_pin": state.new_pin,
+    }
+    rows = [f"# Rebase of `{state.line}`: vLLM {state.source} -> {state.target}"
+            + (" (dry run)" if state.dry_run else ""), "",
+            f"Started {state.started}; written {report['written']}; "
+            + ("finished." if finished else "stopped at a conflict."), "",
+            "| patch | outcome | files | conflict markers (line numbers) |", "|---|---|---|---|"]
+    for o in outcomes:
+        where = "; ".join(f"{f}: {', '.join(map(str, lines))}" for f, lines in o["conflicts"].items())
+        outcome = f"absorbed in {state.target}" if o["outcome"] == "absorbed" else o["outcome"]
+        rows.append(f"| {o['name']} | {outcome} | {', '.join(o['files'])} | {where} |")
+    if not finished and not state.dry_run:
+        rows += ["", _RESUME]
+    write_atomic(_dir(layout) / "report.md", "\n".join(rows) + "\n")
+    write_json_atomic(_dir(layout) / "report.json", report)
+    return report
+
+
+def _finish(layout: Layout, state: RebaseState) -> None:
+    """Rewrite the series and the pin from the replayed commits."""
+    repo = WorkRepo(_dir(layout) / "repo")
+    patches_dir = layout.patches_dir(state.line)
+    kept = dict(repo.patch_commits())
+    for outcome in state.outcomes:
+        path = patches_dir / f"{outcome['name']}.patch"
+        if outcome["name"] in kept:
+            write_patch(path, read_patch(path).header, repo.commit_diff(kept[outcome["name"]]))
+        elif path.is_file():
+            path.unlink()
+    write_json_atomic(layout.line_dir(state.line) / "pin.json", state.new_pin)
+
+
+def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path | None = None) -> dict:
+    """Start a rebase of the synced line onto upstream ``version``; returns the report.
+
+    Raises:
+        KimiError: a bad version, nothing synced, edits not refreshed, a
+            rebase already in progress, the release not obtainable, or (not
+            in a dry run) a conflict - the report names it.
+    """
+    if not _VERSION.match(version):
+        raise KimiError(f"--to {version!r}: give a release version such as 0.33.0")
+    with exclusive(layout.private):
+        state = SyncState.load(layout.state_file)
+        if state is None or state.failed or not layout.work.is_dir():
+            raise KimiError("rebase starts from a fully synced line: run `kimi sync` first")
+        check_no_unrefreshed_edits(layout, state)
+        if (_dir(layout) / "state.json").is_file():
+            raise KimiError("a rebase is in progress: `kimi rebase --continue` or `kimi rebase --abort`")
+        pin = load_pin(layout.line_dir(state.line) / "pin.json")
+        new_pin = _new_pin(pin, version, from_dir)
+        sdist = obtain(Artifact("sdist", **new_pin["artifacts"]["sdist"]), layout.cache, from_dir)
+        shutil.rmtree(_dir(layout), ignore_errors=True)
+        repo_dir = _dir(layout) / "repo"
+        repo_dir.mkdir(parents=True)
+        _say(f"unpacking {sdist.name}")
+        extract_sdist(sdist, repo_dir)
+        new_pin["torch"] = _torch_of(repo_dir, pin.torch)
+        digest = new_pin["artifacts"]["sdist"]["sha256"][:12]
+        repo = WorkRepo.create(repo_dir, f"vllm {version} (upstream sdist {digest})")
+        repo.git("fetch", "-q", "--no-tags", str(layout.work), "+work:refs/heads/old")
+        old = WorkRepo(layout.work)
+        pending = [[name, commit] for name, commit in old.patch_commits()]
+        rebase_state = RebaseState(line=state.line, source=pin.version, target=version, dry_run=dry_run,
+                                   new_pin=new_pin, pending=pending, started=time.strftime("%Y-%m-%d %H:%M:%S"))
+        return _proceed(layout, rebase_state)
+
+
+def _proceed(layout: Layout, state: RebaseState) -> dict:
+    done = _replay(layout, state)
+    report = _report(layout, state, finished=done)
+    if not done:
+        conflict = report["conflicts"][-1]
+        raise KimiError(
+            f"patch {conflict['name']} conflicts with vllm {state.target} in "
+            + ", ".join(f"{f} (markers at lines {', '.join(map(str, lines))})"
+                        for f, lines in conflict["files"].items())
+            + f"\n  resolve them in {_dir(layout) / 'repo'}, then `kimi rebase --continue`; or `kimi rebase --abort`"
+            + f"\n  report: {_dir(layout) / 'report.md'}"
+        )
+    if not state.dry_run:
+        _finish(layout, state)
+    (_dir(layout) / "state.json").unlink(missing_ok=True)
+    shutil.rmtree(_dir(layout) / "repo", ignore_errors=True)
+    _say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['absorbed'])} absorbed, "
+         f"{len(report['conflicts'])} conflicts; report: {_dir(layout) / 'report.md'}"
+         + ("" if state.dry_run else f"; run `kimi sync` to lay vllm {state.target}"))
+    return report
+
+
+def _in_progress(layout: Layout) -> RebaseState:
+    path = _dir(layout) / "state.json"
+    if not path.is_file():
+        raise KimiError("no rebase is in progress")
+    return RebaseState(**json.loads(path.read_text()))
+
+
+def rebase_continue(layout: Layout) -> dict:
+    """Commit the resolved conflict and go on with the remaining patches.
+
+    Raises:
+        KimiError: no rebase in progress, conflict markers left, or a next conflict.
+    """
+    with exclusive(layout.private):
+        state = _in_progress(layout)
+        repo = WorkRepo(_dir(layout) / "repo")
+        last = state.outcomes[-1]
+        left = {f: lines for f, lines in _conflict_lines(repo, list(last["conflicts"])).items() if lines}
+        if left:
+            raise KimiError("conflict markers are still in " + ", ".join(left) + f" ({repo.path})")
+        repo.git("add", "-A")
+        proc = repo.git("cherry-pick", "--continue", check=False, env={"GIT_EDITOR": "true"})
+        if proc.returncode != 0:  # the resolution left nothing to commit: upstream has the change
+            repo.git("cherry-pick", "--skip", check=False)
+            last["outcome"] = "absorbed"
+        else:
+            last["outcome"] = "applied"
+        _say(f"{last['name']}: resolved ({last['outcome']})")
+        return _proceed(layout, state)
+
+
+def rebase_abort(layout: Layout) -> None:
+    """Drop the rebase in progress; the pin, the series and the laid tree are as they were."""
+    with exclusive(layout.private):
+        _in_progress(layout)
+        shutil.rmtree(_dir(layout))
+        _say("rebase aborted; nothing was changed")
+

@@ -1,0 +1,123 @@
+"""``kimi rebase`` on synthetic releases: clean replay, a conflict stopped and continued, an absorbed patch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import UPSTREAM_FILES, Fork, make_sdist, speculative_patch
+
+SPEC = "vllm/config/speculative.py"
+
+
+def release(fork: Fork, version: str, speculative: str) -> None:
+    make_sdist(fork.from_dir, version, {**UPSTREAM_FILES, SPEC: speculative})
+
+
+def lines(*replace: tuple[int, str], header: int = 0) -> str:
+    """speculative.py with ``header`` new lines on top and some lines replaced."""
+    body = {i: f"line {i}" for i in range(1, 41)}
+    body.update(dict(replace))
+    return "".join(f"new {i}\n" for i in range(header)) + "".join(f"{body[i]}\n" for i in range(1, 41))
+
+
+@pytest.fixture
+def synced(fork: Fork) -> Fork:
+    fork.add_patch(*speculative_patch(1, 10, "line 10 patched"))
+    fork.add_patch(*speculative_patch(2, 30, "line 30 patched"))
+    fork.commit("two patches")
+    assert fork.sync().returncode == 0
+    return fork
+
+
+def rebase(fork: Fork, *args: str):
+    extra = ["--from", str(fork.from_dir)] if "--to" in args else []
+    return fork.kimi("rebase", *args, *extra)
+
+
+def report(fork: Fork) -> dict:
+    return json.loads((fork.root / ".kimi" / "rebase" / "report.json").read_text())
+
+
+def test_clean_replay_rewrites_pin_and_series(synced: Fork) -> None:
+    release(synced, "9.9.1", lines(header=5))
+    result = rebase(synced, "--to", "9.9.1")
+    assert result.returncode == 0, result.stderr
+    pin = json.loads(synced.pin_path.read_text())
+    assert pin["version"] == "9.9.1" and pin["artifacts"]["sdist"]["file"] == "vllm-9.9.1.tar.gz"
+    assert report(synced)["applied"] == ["0001-change-line-10", "0002-change-line-30"]
+    first = (synced.patches / "0001-change-line-10.patch").read_text()
+    assert first.startswith("Subject: 0001-change-line-10\nWhat: changes") and "@@ -12,7 +12,7 @@" in first
+    synced.commit("rebased")
+    laid = synced.sync()
+    assert laid.returncode == 0, laid.stderr
+    text = (synced.root / SPEC).read_text()
+    assert text.startswith("new 0\n") and "line 10 patched\n" in text and "line 30 patched\n" in text
+
+
+def test_conflict_stops_with_a_report_and_continues(synced: Fork) -> None:
+    release(synced, "9.9.1", lines((30, "line 30 upstream")))
+    stopped = rebase(synced, "--to", "9.9.1")
+    assert stopped.returncode == 1
+    assert "patch 0002-change-line-30 conflicts with vllm 9.9.1 in vllm/config/speculative.py" in stopped.stderr
+    assert "kimi rebase --continue" in stopped.stderr
+    assert report(synced)["conflicts"][0]["name"] == "0002-change-line-30"
+    assert "| 0002-change-line-30 | conflict |" in (synced.root / ".kimi" / "rebase" / "report.md").read_text()
+    assert json.loads(synced.pin_path.read_text())["version"] == "9.9.0"  # nothing rewritten yet
+    work_file = synced.root / ".kimi" / "rebase" / "repo" / SPEC
+    assert "<<<<<<<" in work_file.read_text()
+    early = rebase(synced, "--continue")
+    assert early.returncode == 1 and "conflict markers are still in" in early.stderr
+    work_file.write_text(lines((10, "line 10 patched"), (30, "line 30 upstream and patched")))
+    resumed = rebase(synced, "--continue")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(synced.pin_path.read_text())["version"] == "9.9.1"
+    assert "+line 30 upstream and patched" in (synced.patches / "0002-change-line-30.patch").read_text()
+    synced.commit("rebased")
+    assert synced.sync().returncode == 0
+    assert "line 30 upstream and patched\n" in (synced.root / SPEC).read_text()
+
+
+def test_abort_changes_nothing(synced: Fork) -> None:
+    before = {p.name: p.read_text() for p in synced.patches.iterdir()}
+    release(synced, "9.9.1", lines((30, "line 30 upstream")))
+    assert rebase(synced, "--to", "9.9.1").returncode == 1
+    aborted = rebase(synced, "--abort")
+    assert aborted.returncode == 0 and "nothing was changed" in aborted.stderr
+    assert {p.name: p.read_text() for p in synced.patches.iterdir()} == before
+    assert json.loads(synced.pin_path.read_text())["version"] == "9.9.0"
+    assert not (synced.root / ".kimi" / "rebase").exists()
+    assert rebase(synced, "--abort").returncode == 1  # none in progress
+
+
+def test_absorbed_patch_is_dropped_and_named(synced: Fork) -> None:
+    release(synced, "9.9.1", lines((10, "line 10 patched")))
+    result = rebase(synced, "--to", "9.9.1")
+    assert result.returncode == 0, result.stderr
+    assert report(synced)["absorbed"] == [{"name": "0001-change-line-10", "in": "9.9.1"}]
+    assert sorted(p.name for p in synced.patches.iterdir()) == ["0002-change-line-30.patch"]
+    assert "absorbed in 9.9.1" in (synced.root / ".kimi" / "rebase" / "report.md").read_text()
+
+
+def test_dry_run_writes_only_the_report(synced: Fork) -> None:
+    before = {p.name: p.read_text() for p in synced.patches.iterdir()}
+    release(synced, "9.9.1", lines((30, "line 30 upstream"), header=2))
+    result = rebase(synced, "--to", "9.9.1", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    got = report(synced)
+    assert got["dry_run"] and got["applied"] == ["0001-change-line-10"]
+    assert [c["name"] for c in got["conflicts"]] == ["0002-change-line-30"]
+    assert {p.name: p.read_text() for p in synced.patches.iterdir()} == before
+    assert json.loads(synced.pin_path.read_text())["version"] == "9.9.0"
+    assert not (synced.root / ".kimi" / "rebase" / "state.json").exists()
+
+
+def test_bad_requests_are_clear(synced: Fork) -> None:
+    assert "give a release version" in rebase(synced, "--to", "latest").stderr
+    missing = rebase(synced, "--to", "9.9.5")
+    assert missing.returncode == 1 and "no vllm-9.9.5.tar.gz there" in missing.stderr
+    (synced.root / SPEC).write_text("edited\n")
+    release(synced, "9.9.1", lines())
+    refused = rebase(synced, "--to", "9.9.1")
+    assert refused.returncode == 1 and "edits that are not in the patch series" in refused.stderr
