@@ -81,8 +81,15 @@ def _say(msg: str) -> None:
 
 
 def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
-    """The pin of ``version``: the same artifacts renamed, with sha256s from the index or ``--from``."""
+    """The pin of ``version``: the same artifacts renamed, with sha256s from the index or ``--from``.
+
+    Raises:
+        KimiError: the sdist is not available (the index's versions are listed), or the index
+            gives no sha256 for a file.
+    """
     artifacts = {}
+    index = pkgindex.index_url() if from_dir is None else None
+    listings: dict[str, dict[str, pkgindex.IndexFile]] = {}
     for role, old in pin.artifacts.items():
         filename = old.file.replace(pin.version, version)
         if from_dir is not None:
@@ -92,22 +99,25 @@ def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
             elif role == "sdist":
                 raise KimiError(f"--from {from_dir}: no {filename} there")
             continue
-        listed = pkgindex.list_files(pkgindex.index_url(), old.project)
-        if filename not in listed:
+        if old.project not in listings:
+            listings[old.project] = pkgindex.list_files(index, old.project)
+        listed = listings[old.project].get(filename)
+        if listed is None:
             if role == "sdist":
-                pkgindex.find_file(pkgindex.index_url(), old.project, filename)  # raises, listing versions
+                pkgindex.find_file(index, old.project, filename)  # raises, naming the versions there are
             _say(f"warning: {filename} is not on the package index; the new pin has no {role}")
             continue
-        if listed[filename].sha256 is None:
+        if listed.sha256 is None:
             raise KimiError(f"the package index gives no sha256 for {filename}; pass --from DIR with the files")
-        artifacts[role] = {"project": old.project, "file": filename, "sha256": listed[filename].sha256}
+        artifacts[role] = {"project": old.project, "file": filename, "sha256": listed.sha256}
     return {"line": pin.line, "version": version, "fork_release": 1, "torch": pin.torch, "artifacts": artifacts}
 
 
 def _torch_of(tree: Path, fallback: str) -> str:
     """The torch version the release builds against (``pyproject.toml`` build requirements)."""
-    match = re.search(r'"torch\s*==\s*([\d.]+)"', (tree / "pyproject.toml").read_text(errors="replace")) \
-        if (tree / "pyproject.toml").is_file() else None
+    pyproject = tree / "pyproject.toml"
+    text = pyproject.read_text(errors="replace") if pyproject.is_file() else ""
+    match = re.search(r'"torch\s*==\s*([\d.]+)"', text)
     return match.group(1) if match else fallback
 
 
