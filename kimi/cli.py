@@ -149,14 +149,15 @@ def _add_models_commands(sub: argparse._SubParsersAction) -> None:
 def _cmd_rebase(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.fork.rebase import rebase, rebase_abort, rebase_continue
 
+    if not (args.to or args.resume or args.abort) or ((args.dry_run or args.from_dir) and not args.to):
+        print("kimi rebase: error: give --to X.Y.Z [--dry-run] [--from DIR], --continue or --abort", file=sys.stderr)
+        return 2
     if args.abort:
         rebase_abort(layout)
     elif args.resume:
         rebase_continue(layout)
-    elif args.to:
-        rebase(layout, args.to, dry_run=args.dry_run, from_dir=args.from_dir)
     else:
-        raise KimiError("give --to X.Y.Z, --continue or --abort")
+        rebase(layout, args.to, dry_run=args.dry_run, from_dir=args.from_dir)
     return 0
 
 

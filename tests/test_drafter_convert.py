@@ -118,11 +118,11 @@ def test_force_never_replaces_the_source_or_a_folder_that_is_not_a_drafter(tmp_p
     (models / "OTHER.txt").write_text("keep me")
     for dst in (models, src):
         refused = kimi("drafter", "convert", str(src), str(dst), "--force")
-        assert refused.returncode == 1 and "holds the source drafter" in refused.stderr
+        assert refused.returncode == 1 and f"holds {src}: choose a folder outside it" in refused.stderr
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("x")
     refused = kimi("drafter", "convert", str(src), str(tmp_path / "plain"), "--force")
-    assert refused.returncode == 1 and "not a checkpoint folder" in refused.stderr
+    assert refused.returncode == 1 and "has no config.json: it is not an earlier output" in refused.stderr
     assert (models / "OTHER.txt").read_text() == "keep me" and (src / "config.json").is_file()
     assert (tmp_path / "plain" / "notes.txt").is_file()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -121,3 +122,43 @@ def test_bad_requests_are_clear(synced: Fork) -> None:
     release(synced, "9.9.1", lines())
     refused = rebase(synced, "--to", "9.9.1")
     assert refused.returncode == 1 and "edits that are not in the patch series" in refused.stderr
+
+
+def test_a_patch_edited_since_the_sync_must_be_synced_first(synced: Fork) -> None:
+    second = synced.patches / "0002-change-line-30.patch"
+    second.write_text(second.read_text().replace("+line 30 patched", "+line 30 edited"))
+    release(synced, "9.9.1", lines(header=1))
+    refused = rebase(synced, "--to", "9.9.1")
+    assert refused.returncode == 1 and "0002-change-line-30: its diff was edited" in refused.stderr
+    assert "+line 30 edited" in second.read_text()
+
+
+def test_usage_errors_exit_2(synced: Fork) -> None:
+    assert synced.kimi("rebase").returncode == 2
+    assert synced.kimi("rebase", "--continue", "--dry-run").returncode == 2
+    same = rebase(synced, "--to", "9.9.0")
+    assert same.returncode == 1 and "already at vllm 9.9.0" in same.stderr
+
+
+def test_resolution_must_remove_every_marker(synced: Fork) -> None:
+    release(synced, "9.9.1", lines((30, "line 30 upstream")))
+    assert rebase(synced, "--to", "9.9.1").returncode == 1
+    work_file = synced.root / ".kimi" / "rebase" / "repo" / SPEC
+    text = work_file.read_text()
+    work_file.write_text("\n".join(row for row in text.split("\n") if not row.startswith("<<<<<<<")))
+    left = rebase(synced, "--continue")
+    assert left.returncode == 1 and "conflict markers are still in" in left.stderr
+
+
+def test_damaged_rebase_state_and_a_lost_repository(synced: Fork) -> None:
+    release(synced, "9.9.1", lines((30, "line 30 upstream")))
+    assert rebase(synced, "--to", "9.9.1").returncode == 1
+    shutil.rmtree(synced.root / ".kimi" / "rebase" / "repo" / ".git")
+    lost = rebase(synced, "--continue")
+    assert lost.returncode == 1 and "Traceback" not in lost.stderr
+    assert synced.git("status", "--porcelain") == ""  # git never fell back to the fork's own repository
+    (synced.root / ".kimi" / "rebase" / "state.json").write_text("{")
+    damaged = rebase(synced, "--continue")
+    assert damaged.returncode == 1 and "kimi rebase --abort" in damaged.stderr
+    assert rebase(synced, "--abort").returncode == 0
+    assert json.loads(synced.pin_path.read_text())["version"] == "9.9.0"

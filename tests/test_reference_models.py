@@ -44,7 +44,7 @@ def test_same_seed_same_files_other_seed_other_weights(models: Path, tmp_path: P
     assert other["target/model.safetensors"] != first["files"]["target/model.safetensors"]
     assert other["target/tokenizer.json"] == first["files"]["target/tokenizer.json"]
     refused = make(models)
-    assert refused.returncode == 1 and "exists; pass --force" in refused.stderr
+    assert refused.returncode == 1 and "or pass --force to replace it" in refused.stderr
 
 
 def test_target_is_deepseek_v3_as_transformers_loads_it(models: Path) -> None:
@@ -101,3 +101,16 @@ def test_vllm_accepts_target_and_drafter(models: Path, name: str, arch: str, mla
     got = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["target_mla"] is True and got["draft_mla"] is mla and got["ids"] == [2, 4, 5]
     assert got["arch"][0] in (arch, "LlamaForCausalLMEagle3")
+
+
+def test_make_never_replaces_the_working_directory_or_a_foreign_folder(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "precious.txt").write_text("keep")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    refused = subprocess.run([sys.executable, "-m", "kimi", "models", "make", ".", "--force"], cwd=here, env=env,
+                             capture_output=True, text=True)
+    assert refused.returncode == 1 and "choose a folder outside it" in refused.stderr
+    foreign = make(here, "--force")
+    assert foreign.returncode == 1 and "has no MANIFEST.json" in foreign.stderr
+    assert (here / "precious.txt").read_text() == "keep" and "Traceback" not in foreign.stderr

@@ -25,7 +25,7 @@ from kimi.drafter.checkpoint import read_config
 from kimi.drafter.conventions import CONVENTION_FIELD, CONVENTIONS, IDS_FIELD, LAYER_INPUT, AuxIds
 from kimi.drafter.inspect import Report, inspect
 from kimi.errors import KimiError
-from kimi.fork.fsutil import default_mode, write_atomic
+from kimi.fork.fsutil import check_replaceable, default_mode, publish_folder, write_atomic
 
 _SPECULATORS_KEYS = ("speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config")
 
@@ -74,30 +74,6 @@ def _copy_weights(src: Path, dst: Path, rename: bool) -> None:
             shutil.copy2(file, dst / file.name)
 
 
-def _check_paths(src: Path, dst: Path, force: bool) -> None:
-    source, dest = src.resolve(), dst.resolve()
-    if dest == source or dest in source.parents:
-        raise KimiError(f"{dst} holds the source drafter {src}: choose a folder outside it")
-    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
-        raise KimiError(f"{dst} exists and is not a folder; choose another destination")
-    if dst.exists() and not force:
-        raise KimiError(f"{dst} exists; choose another folder or pass --force to replace it")
-    if dst.exists() and any(dst.iterdir()) and not (dst / "config.json").is_file():
-        raise KimiError(f"{dst} is not a checkpoint folder (no config.json); --force only replaces a drafter")
-
-
-def _publish(staging: Path, dst: Path) -> None:
-    """Put ``staging`` at ``dst``; an existing ``dst`` is swapped out first and removed after."""
-    os.chmod(staging, default_mode(folder=True))
-    if not dst.exists():
-        os.replace(staging, dst)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
-    os.replace(dst, old / dst.name)
-    os.replace(staging, dst)
-    shutil.rmtree(old)
-
-
 def convert(src: Path, dst: Path, target: Path | None = None, convention: str | None = None,
             force: bool = False) -> Report:
     """Write the vLLM-ready drafter; returns the inspection of the source.
@@ -118,7 +94,7 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
             drafter has blocking problems (listed), or writing fails (nothing
             is left behind).
     """
-    _check_paths(src, dst, force)
+    check_replaceable(dst, "config.json", force, keep=(src, Path.cwd()))
     if convention is not None and convention not in CONVENTIONS:
         raise KimiError(f"--convention must be one of {', '.join(CONVENTIONS)}")
     report = inspect(src, target)
@@ -144,7 +120,7 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
         _copy_weights(src, staging, rename=report.format == "speculators")
         config = _converted_config(read_config(src), report, list(ids))
         write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
-        _publish(staging, dst)
+        publish_folder(staging, dst)
     except OSError as exc:
         raise KimiError(f"writing {dst} failed: {exc.strerror or exc}; nothing was written") from None
     except Exception as exc:  # safetensors errors while rewriting a shard

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,44 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def check_replaceable(dst: Path, marker: str, force: bool, keep: tuple[Path, ...] = ()) -> None:
+    """Refuse to write a folder over something that must not be lost.
+
+    Args:
+        dst: the folder about to be written.
+        marker: a file name an earlier output of the same command holds
+            (``config.json``, ``MANIFEST.json``); only such a folder is replaced.
+        force: the user asked to replace an existing output.
+        keep: paths that must survive (the input, the working directory):
+            ``dst`` may not be one of them or contain one.
+
+    Raises:
+        KimiError: with the reason and the way out.
+    """
+    from kimi.errors import KimiError
+
+    dest = dst.resolve()
+    for path in keep:
+        if dest == path.resolve() or dest in path.resolve().parents:
+            raise KimiError(f"{dst} holds {path}: choose a folder outside it")
+    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
+        raise KimiError(f"{dst} exists and is not a folder; choose another destination")
+    if dst.exists() and not force:
+        raise KimiError(f"{dst} exists; choose another folder or pass --force to replace it")
+    if dst.exists() and any(dst.iterdir()) and not (dst / marker).is_file():
+        raise KimiError(f"{dst} has no {marker}: it is not an earlier output, and --force only replaces those")
+
+
+def publish_folder(staging: Path, dst: Path) -> None:
+    """Put the finished ``staging`` folder at ``dst`` (same file system); an existing ``dst`` is swapped
+    out first and removed after, so ``dst`` is the old folder or the new one, never a mix."""
+    os.chmod(staging, default_mode(folder=True))
+    if not dst.exists():
+        os.replace(staging, dst)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+    os.replace(dst, old / dst.name)
+    os.replace(staging, dst)
+    shutil.rmtree(old)

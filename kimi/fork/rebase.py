@@ -27,6 +27,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,17 +35,19 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork import index as pkgindex
 from kimi.fork.artifacts import obtain
-from kimi.fork.fsutil import sha256_file, write_atomic, write_json_atomic
+from kimi.fork.fsutil import publish_folder, sha256_file, write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
-from kimi.fork.patches import read_patch, write_patch
+from kimi.fork.patches import load_series, read_patch, write_patch
 from kimi.fork.pin import Artifact, Pin, load_pin
 from kimi.fork.state import SyncState
-from kimi.fork.sync import check_no_unrefreshed_edits
+from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step
 from kimi.fork.tree import extract_sdist
 from kimi.fork.workrepo import WorkRepo
 
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_MARKERS = ("<<<<<<< ", "=======", ">>>>>>> ")
+_PIN_KEYS = ("line", "version", "fork_release", "torch", "artifacts")
 _RESUME = "Resolve the conflict markers in `.kimi/rebase/repo`, then `kimi rebase --continue` (or `--abort`)."
 
 
@@ -70,6 +73,11 @@ class RebaseState:
     pending: list[list[str]]
     outcomes: list[dict] = field(default_factory=list)
     started: str = ""
+    head: str = ""
+
+
+def _save(layout: Layout, state: RebaseState) -> None:
+    write_json_atomic(_dir(layout) / "state.json", asdict(state))
 
 
 def _dir(layout: Layout) -> Path:
@@ -98,6 +106,8 @@ def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
                 artifacts[role] = {"project": old.project, "file": filename, "sha256": sha256_file(path)}
             elif role == "sdist":
                 raise KimiError(f"--from {from_dir}: no {filename} there")
+            else:
+                _say(f"warning: --from {from_dir} has no {filename}; the new pin has no {role}")
             continue
         if old.project not in listings:
             listings[old.project] = pkgindex.list_files(index, old.project)
@@ -127,7 +137,7 @@ def _conflict_lines(repo: WorkRepo, files: list[str]) -> dict[str, list[int]]:
         path = repo.path / rel
         if path.is_file():
             text = path.read_text(errors="replace").splitlines()
-            lines[rel] = [i for i, line in enumerate(text, 1) if line.startswith("<<<<<<<")]
+            lines[rel] = [i for i, line in enumerate(text, 1) if line.startswith(_MARKERS)]
     return lines
 
 
@@ -147,18 +157,29 @@ def _pick(repo: WorkRepo, name: str, commit: str) -> PatchOutcome:
 
 
 def _replay(layout: Layout, state: RebaseState) -> bool:
-    """Pick the pending patches; returns False when stopped at a conflict (state saved)."""
+    """Pick the pending patches, saving the state after each; returns False when stopped at a conflict.
+
+    An interruption puts the repository back at the last finished patch and
+    keeps the state, so ``--continue`` goes on and ``--abort`` drops it.
+    """
     repo = WorkRepo(_dir(layout) / "repo")
     while state.pending:
-        name, commit = state.pending.pop(0)
-        outcome = _pick(repo, name, commit)
+        name, commit = state.pending[0]
+        try:
+            outcome = _pick(repo, name, commit)
+        except KeyboardInterrupt:
+            repo.git("cherry-pick", "--abort", check=False)
+            repo.git("reset", "-q", "--hard", state.head, check=False)
+            _save(layout, state)
+            raise
+        state.pending.pop(0)
         state.outcomes.append(asdict(outcome))
         _say(f"{name}: {outcome.outcome}" + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
-        if outcome.outcome == "conflict":
-            if state.dry_run:
-                repo.git("cherry-pick", "--abort", check=False)
-                continue
-            write_json_atomic(_dir(layout) / "state.json", asdict(state))
+        if outcome.outcome == "conflict" and state.dry_run:
+            repo.git("cherry-pick", "--abort", check=False)
+        state.head = repo.head()
+        _save(layout, state)
+        if outcome.outcome == "conflict" and not state.dry_run:
             return False
     return True
 
@@ -190,18 +211,42 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
     return report
 
 
+def _pin_text(pin: dict) -> str:
+    """pin.json in its usual key order."""
+    ordered = {key: pin[key] for key in _PIN_KEYS}
+    ordered["artifacts"] = {role: {k: art[k] for k in ("project", "file", "sha256")}
+                            for role, art in pin["artifacts"].items()}
+    return json.dumps(ordered, indent=2) + "\n"
+
+
 def _finish(layout: Layout, state: RebaseState) -> None:
-    """Rewrite the series and the pin from the replayed commits."""
+    """Write the new pin and series beside the line's folder, then swap the folder in (all or nothing)."""
     repo = WorkRepo(_dir(layout) / "repo")
-    patches_dir = layout.patches_dir(state.line)
-    kept = dict(repo.patch_commits())
-    for outcome in state.outcomes:
-        path = patches_dir / f"{outcome['name']}.patch"
-        if outcome["name"] in kept:
-            write_patch(path, read_patch(path).header, repo.commit_diff(kept[outcome["name"]]))
-        elif path.is_file():
-            path.unlink()
-    write_json_atomic(layout.line_dir(state.line) / "pin.json", state.new_pin)
+    line_dir = layout.line_dir(state.line)
+    patches_dir = line_dir / "patches"
+    kept = repo.patch_commits()
+    headers = {}
+    for name, _ in kept:
+        path = patches_dir / f"{name}.patch"
+        if not path.is_file():
+            raise KimiError(f"{path} was removed during the rebase; restore it, or `kimi rebase --abort`")
+        headers[name] = read_patch(path).header
+    staging = Path(tempfile.mkdtemp(prefix=f".{line_dir.name}.rebase.", dir=line_dir.parent))
+    try:
+        (staging / "patches").mkdir()
+        for name, commit in kept:
+            write_patch(staging / "patches" / f"{name}.patch", headers[name], repo.commit_diff(commit))
+        write_atomic(staging / "pin.json", _pin_text(state.new_pin))
+        for other in line_dir.iterdir():
+            if other.name in ("pin.json", "patches"):
+                continue
+            if other.is_dir():
+                shutil.copytree(other, staging / other.name)
+            else:
+                shutil.copy2(other, staging)
+        publish_folder(staging, line_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path | None = None) -> dict:
@@ -219,9 +264,13 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         if state is None or state.failed or not layout.work.is_dir():
             raise KimiError("rebase starts from a fully synced line: run `kimi sync` first")
         check_no_unrefreshed_edits(layout, state)
+        check_series_in_step(WorkRepo(layout.work), state, layout.patches_dir(state.line), "rebase")
+        load_series(layout.patches_dir(state.line))  # every header readable before anything starts
         if (_dir(layout) / "state.json").is_file():
             raise KimiError("a rebase is in progress: `kimi rebase --continue` or `kimi rebase --abort`")
         pin = load_pin(layout.line_dir(state.line) / "pin.json")
+        if version == pin.version:
+            raise KimiError(f"the {state.line} line is already at vllm {version}")
         new_pin = _new_pin(pin, version, from_dir)
         sdist = obtain(Artifact("sdist", **new_pin["artifacts"]["sdist"]), layout.cache, from_dir)
         shutil.rmtree(_dir(layout), ignore_errors=True)
@@ -236,7 +285,9 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         old = WorkRepo(layout.work)
         pending = [[name, commit] for name, commit in old.patch_commits()]
         rebase_state = RebaseState(line=state.line, source=pin.version, target=version, dry_run=dry_run,
-                                   new_pin=new_pin, pending=pending, started=time.strftime("%Y-%m-%d %H:%M:%S"))
+                                   new_pin=new_pin, pending=pending, started=time.strftime("%Y-%m-%d %H:%M:%S"),
+                                   head=repo.head())
+        _save(layout, rebase_state)
         return _proceed(layout, rebase_state)
 
 
@@ -247,7 +298,8 @@ def _proceed(layout: Layout, state: RebaseState) -> dict:
         conflict = report["conflicts"][-1]
         raise KimiError(
             f"patch {conflict['name']} conflicts with vllm {state.target} in "
-            + ", ".join(f"{f} (markers at lines {', '.join(map(str, lines))})"
+            + ", ".join(f"{f} (markers at lines {', '.join(map(str, lines))})" if lines else
+                        f"{f} (no markers: changed on one side, deleted on the other)"
                         for f, lines in conflict["files"].items())
             + f"\n  resolve them in {_dir(layout) / 'repo'}, then `kimi rebase --continue`; or `kimi rebase --abort`"
             + f"\n  report: {_dir(layout) / 'report.md'}"
@@ -266,37 +318,55 @@ def _in_progress(layout: Layout) -> RebaseState:
     path = _dir(layout) / "state.json"
     if not path.is_file():
         raise KimiError("no rebase is in progress")
-    return RebaseState(**json.loads(path.read_text()))
+    try:
+        return RebaseState(**json.loads(path.read_bytes()))
+    except (ValueError, TypeError) as exc:
+        raise KimiError(f"{path} is damaged ({exc}); `kimi rebase --abort` removes the rebase") from None
+
+
+def _resolve(repo: WorkRepo, last: dict) -> None:
+    """Commit the user's resolution of the conflicted patch (``last``), or skip it if nothing is left."""
+    if not (repo.path / ".git" / "CHERRY_PICK_HEAD").is_file():
+        raise KimiError(f"git's cherry-pick of {last['name']} is no longer in progress in {repo.path}; "
+                        "`kimi rebase --abort` and start again")
+    left = {f: lines for f, lines in _conflict_lines(repo, list(last["conflicts"])).items() if lines}
+    if left:
+        raise KimiError("conflict markers are still in " + ", ".join(f"{f} (lines {', '.join(map(str, lines))})"
+                                                                    for f, lines in left.items()) + f" ({repo.path})")
+    paths = sorted(set(last["files"]) | set(last["conflicts"]))
+    repo.git("add", "-A", "--", *paths)
+    unmerged = [p for p in repo.git("diff", "--name-only", "--diff-filter=U").stdout.split("\n") if p]
+    if unmerged:
+        raise KimiError(f"still unmerged in {repo.path}: {', '.join(unmerged)}")
+    if repo.git("diff", "--cached", "--quiet", check=False).returncode == 0:
+        repo.git("cherry-pick", "--skip", check=False)
+        last["outcome"] = "absorbed"  # the resolution is upstream's own text
+    else:
+        repo.git("cherry-pick", "--continue", env={"GIT_EDITOR": "true"})
+        last["outcome"] = "applied"
+    _say(f"{last['name']}: resolved ({last['outcome']})")
 
 
 def rebase_continue(layout: Layout) -> dict:
-    """Commit the resolved conflict and go on with the remaining patches.
+    """Commit the resolved conflict (if stopped at one) and go on with the remaining patches.
 
     Raises:
-        KimiError: no rebase in progress, conflict markers left, or a next conflict.
+        KimiError: no rebase in progress, markers or unmerged files left, or a next conflict.
     """
     with exclusive(layout.private):
         state = _in_progress(layout)
         repo = WorkRepo(_dir(layout) / "repo")
-        last = state.outcomes[-1]
-        left = {f: lines for f, lines in _conflict_lines(repo, list(last["conflicts"])).items() if lines}
-        if left:
-            raise KimiError("conflict markers are still in " + ", ".join(left) + f" ({repo.path})")
-        repo.git("add", "-A")
-        proc = repo.git("cherry-pick", "--continue", check=False, env={"GIT_EDITOR": "true"})
-        if proc.returncode != 0:  # the resolution left nothing to commit: upstream has the change
-            repo.git("cherry-pick", "--skip", check=False)
-            last["outcome"] = "absorbed"
-        else:
-            last["outcome"] = "applied"
-        _say(f"{last['name']}: resolved ({last['outcome']})")
+        if state.outcomes and state.outcomes[-1]["outcome"] == "conflict" and not state.dry_run:
+            _resolve(repo, state.outcomes[-1])
+            state.head = repo.head()
+            _save(layout, state)
         return _proceed(layout, state)
 
 
 def rebase_abort(layout: Layout) -> None:
     """Drop the rebase in progress; the pin, the series and the laid tree are as they were."""
     with exclusive(layout.private):
-        _in_progress(layout)
+        if not (_dir(layout) / "state.json").is_file():
+            raise KimiError("no rebase is in progress")
         shutil.rmtree(_dir(layout))
         _say("rebase aborted; nothing was changed")
-

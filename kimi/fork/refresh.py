@@ -16,14 +16,14 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import read_exact, sha256_file
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
-from kimi.fork.patches import read_patch, render, split, template_header, write_patch
+from kimi.fork.patches import read_patch, render, template_header, write_patch
 from kimi.fork.state import SyncState
+from kimi.fork.sync import check_series_in_step
 from kimi.fork.tree import Edits, detect_edits
 from kimi.fork.workrepo import UPSTREAM_TAG, WorkRepo
 
@@ -70,30 +70,6 @@ def _targets(edits: Edits, repo: WorkRepo, series: list[str], into: str | None,
     return targets
 
 
-def _check_series_in_step(repo: WorkRepo, state: SyncState, patches_dir: Path) -> None:
-    """Refuse when the patch files differ from what the last sync applied (refresh would overwrite them).
-
-    Header edits are fine (refresh keeps headers); a changed diff, a removed
-    patch or a new patch file need `kimi sync` first.
-    """
-    files = {p.stem: p for p in patches_dir.glob("*.patch")}
-    committed = dict(repo.patch_commits())
-    problems = [f"  {name}: removed since the last sync" for name in committed if name not in files]
-    for name, path in sorted(files.items()):
-        if name in committed:
-            if not repo.same_change(split(read_exact(path))[1], committed[name]):
-                problems.append(f"  {name}: its diff was edited since the last sync")
-        elif not state.failed and name not in state.absorbed:
-            problems.append(f"  {name}: new since the last sync")
-    if problems:
-        raise KimiError(
-            "the patch files changed since the last sync, and refresh would overwrite them:\n"
-            + "\n".join(problems)
-            + "\nrun `kimi sync` first (it refuses while the tree has edits: keep a copy of them, or undo "
-              "the patch-file change)"
-        )
-
-
 def refresh(layout: Layout, into: str | None = None, new: str | None = None) -> list[str]:
     """Fold the root's edits into the series; returns the names of the patch files written.
 
@@ -115,7 +91,7 @@ def refresh(layout: Layout, into: str | None = None, new: str | None = None) -> 
             print("kimi: nothing to refresh: the laid tree matches the series", file=sys.stderr)
             return []
         patches_dir = layout.patches_dir(state.line)
-        _check_series_in_step(repo, state, patches_dir)
+        check_series_in_step(repo, state, patches_dir, "refresh")
         headers = {p.stem: read_patch(p).header for p in sorted(patches_dir.glob("*.patch"))}
         targets = _targets(edits, repo, sorted(headers), into, new)
         start = repo.head()

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.artifacts import obtain
-from kimi.fork.fsutil import sha256_file
+from kimi.fork.fsutil import read_exact, sha256_file
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
-from kimi.fork.patches import load_series
+from kimi.fork.patches import load_series, split
 from kimi.fork.pin import load_pin
 from kimi.fork.state import SyncState
 from kimi.fork.tree import detect_edits, extract_sdist, lay, ours
@@ -48,6 +48,31 @@ def check_no_unrefreshed_edits(layout: Layout, state: SyncState) -> None:
             "the laid tree has edits that are not in the patch series:\n"
             f"{edits.summary()}\n"
             "keep them with `kimi refresh` (see `kimi refresh --help`), or discard them with `kimi sync --force`"
+        )
+
+
+def check_series_in_step(repo: WorkRepo, state: SyncState, patches_dir: Path, command: str) -> None:
+    """Refuse when the patch files differ from what the last sync applied (``command`` works from the
+    applied commits, so it would overwrite or ignore them).
+
+    Header edits are fine (refresh keeps headers); a changed diff, a removed
+    patch or a new patch file need `kimi sync` first.
+    """
+    files = {p.stem: p for p in patches_dir.glob("*.patch")}
+    committed = dict(repo.patch_commits())
+    problems = [f"  {name}: removed since the last sync" for name in committed if name not in files]
+    for name, path in sorted(files.items()):
+        if name in committed:
+            if not repo.same_change(split(read_exact(path))[1], committed[name]):
+                problems.append(f"  {name}: its diff was edited since the last sync")
+        elif not state.failed and name not in state.absorbed:
+            problems.append(f"  {name}: new since the last sync")
+    if problems:
+        raise KimiError(
+            f"the patch files changed since the last sync, and {command} works from what that sync applied:\n"
+            + "\n".join(problems)
+            + "\nrun `kimi sync` first (it refuses while the tree has edits: keep a copy of them, or undo "
+              "the patch-file change)"
         )
 
 

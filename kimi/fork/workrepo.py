@@ -65,7 +65,10 @@ class WorkRepo:
         Input and output are exact text (``fsutil.decode``): CRLF and non-UTF-8
         bytes pass through unchanged.
         """
-        full_env = {**os.environ, **_GIT_ENV, **(env or {})}
+        # The ceiling stops git from falling back to an enclosing repository (the fork's own
+        # checkout) if this one's .git has gone missing.
+        full_env = {**os.environ, **_GIT_ENV, "GIT_CEILING_DIRECTORIES": str(self.path.resolve().parent),
+                    **(env or {})}
         raw = subprocess.run(
             ["git", *_GIT_OPTS, "-C", str(self.path), *args],
             input=None if input is None else encode(input), capture_output=True, env=full_env,

@@ -34,7 +34,7 @@ import numpy as np
 
 from kimi.drafter.conventions import CONVENTION_FIELD, IDS_FIELD, LAYER_INPUT, default_ids
 from kimi.errors import KimiError
-from kimi.fork.fsutil import default_mode, sha256_file, write_atomic
+from kimi.fork.fsutil import check_replaceable, default_mode, publish_folder, sha256_file, write_atomic
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
 
 
@@ -232,10 +232,10 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
         aux layer ids, and the sha256 of every file written.
 
     Raises:
-        KimiError: ``out`` exists (without ``force``), or writing fails.
+        KimiError: ``out`` exists (without ``force``), is not an earlier output, holds the
+            working directory, or writing fails (nothing is left behind).
     """
-    if out.exists() and not force:
-        raise KimiError(f"{out} exists; pass --force to make the reference models again")
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),))
     corpus = stdlib_corpus()
     say(f"training the tokenizer on {len(corpus.files)} stdlib files ({corpus.nbytes / 1e6:.1f} MB, "
         f"Python {corpus.python})")
@@ -245,9 +245,10 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
         counts += np.bincount(np.asarray(encoding.ids, dtype=np.int64), minlength=spec.vocab)
     d2t, t2d = draft_vocabulary(counts, spec.draft_vocab)
     ids = default_ids(spec.layers)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         bos, eos = tokenizer.token_to_id(SPECIAL_TOKENS[0]), tokenizer.token_to_id(SPECIAL_TOKENS[1])
         say(f"writing the target ({spec.layers} layers, MLA, {spec.experts} experts) and two drafters")
         _write_model(staging / "target", target_config(spec, bos, eos), target_weights(spec))
@@ -262,13 +263,11 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
                       for p in sorted(staging.rglob("*")) if p.is_file()},
         }
         write_atomic(staging / "MANIFEST.json", json.dumps(manifest, indent=2) + "\n")
-        os.chmod(staging, default_mode(folder=True))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
+        publish_folder(staging, out)
     except OSError as exc:
         raise KimiError(f"writing {out} failed: {exc.strerror or exc}; nothing was written") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     say(f"wrote {out}")
     return manifest
