@@ -18,14 +18,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from kimi.drafter.checkpoint import read_config
 from kimi.drafter.conventions import CONVENTION_FIELD, CONVENTIONS, IDS_FIELD, LAYER_INPUT, AuxIds
 from kimi.drafter.inspect import Report, inspect
 from kimi.errors import KimiError
-from kimi.fork.fsutil import check_replaceable, default_mode, publish_folder, write_atomic
+from kimi.fork.fsutil import check_replaceable, default_mode, staged_folder, write_atomic
 
 _SPECULATORS_KEYS = ("speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config")
 
@@ -113,20 +112,14 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
     for problem in report.problems:
         print(f"kimi drafter convert: warning: {problem}", file=sys.stderr)
 
-    staging = None
     try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-        _copy_weights(src, staging, rename=report.format == "speculators")
-        config = _converted_config(read_config(src), report, list(ids))
-        write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
-        publish_folder(staging, dst)
-    except OSError as exc:
-        raise KimiError(f"writing {dst} failed: {exc.strerror or exc}; nothing was written") from None
+        with staged_folder(dst) as staging:
+            _copy_weights(src, staging, rename=report.format == "speculators")
+            config = _converted_config(read_config(src), report, list(ids))
+            write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
+    except KimiError:
+        raise
     except Exception as exc:  # safetensors errors while rewriting a shard
         raise KimiError(f"converting {src} failed: {exc}; nothing was written") from None
-    finally:
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     print(f"kimi drafter convert: wrote {dst} (aux layer ids {list(ids)}, {LAYER_INPUT})", file=sys.stderr)
     return report

@@ -7,11 +7,13 @@ Text read from or written to patch files and git is decoded as UTF-8 with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +116,26 @@ def publish_folder(staging: Path, dst: Path) -> None:
     os.replace(dst, old / dst.name)
     os.replace(staging, dst)
     shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def staged_folder(dst: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``dst``; when the block succeeds it becomes ``dst``
+    (``publish_folder``), and in every case nothing temporary is left behind.
+
+    Raises:
+        KimiError: a file-system error while writing (``nothing was written``).
+    """
+    from kimi.errors import KimiError
+
+    staging = None
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+        yield staging
+        publish_folder(staging, dst)
+    except OSError as exc:
+        raise KimiError(f"writing {dst} failed: {exc.strerror or exc}; nothing was written") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

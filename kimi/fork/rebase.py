@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,13 +33,13 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork import index as pkgindex
 from kimi.fork.artifacts import obtain
-from kimi.fork.fsutil import publish_folder, sha256_file, write_atomic, write_json_atomic
+from kimi.fork.fsutil import sha256_file, staged_folder, write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series, read_patch, write_patch
 from kimi.fork.pin import Artifact, Pin, load_pin
 from kimi.fork.state import SyncState
-from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step
+from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step, say
 from kimi.fork.tree import extract_sdist
 from kimi.fork.workrepo import WorkRepo
 
@@ -84,10 +82,6 @@ def _dir(layout: Layout) -> Path:
     return layout.private / "rebase"
 
 
-def _say(msg: str) -> None:
-    print(f"kimi: {msg}", file=sys.stderr)
-
-
 def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
     """The pin of ``version``: the same artifacts renamed, with sha256s from the index or ``--from``.
 
@@ -107,7 +101,7 @@ def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
             elif role == "sdist":
                 raise KimiError(f"--from {from_dir}: no {filename} there")
             else:
-                _say(f"warning: --from {from_dir} has no {filename}; the new pin has no {role}")
+                say(f"warning: --from {from_dir} has no {filename}; the new pin has no {role}")
             continue
         if old.project not in listings:
             listings[old.project] = pkgindex.list_files(index, old.project)
@@ -115,7 +109,7 @@ def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
         if listed is None:
             if role == "sdist":
                 pkgindex.find_file(index, old.project, filename)  # raises, naming the versions there are
-            _say(f"warning: {filename} is not on the package index; the new pin has no {role}")
+            say(f"warning: {filename} is not on the package index; the new pin has no {role}")
             continue
         if listed.sha256 is None:
             raise KimiError(f"the package index gives no sha256 for {filename}; pass --from DIR with the files")
@@ -174,7 +168,7 @@ def _replay(layout: Layout, state: RebaseState) -> bool:
             raise
         state.pending.pop(0)
         state.outcomes.append(asdict(outcome))
-        _say(f"{name}: {outcome.outcome}" + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
+        say(f"{name}: {outcome.outcome}" + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
         if outcome.outcome == "conflict" and state.dry_run:
             repo.git("cherry-pick", "--abort", check=False)
         state.head = repo.head()
@@ -231,8 +225,7 @@ def _finish(layout: Layout, state: RebaseState) -> None:
         if not path.is_file():
             raise KimiError(f"{path} was removed during the rebase; restore it, or `kimi rebase --abort`")
         headers[name] = read_patch(path).header
-    staging = Path(tempfile.mkdtemp(prefix=f".{line_dir.name}.rebase.", dir=line_dir.parent))
-    try:
+    with staged_folder(line_dir) as staging:
         (staging / "patches").mkdir()
         for name, commit in kept:
             write_patch(staging / "patches" / f"{name}.patch", headers[name], repo.commit_diff(commit))
@@ -244,9 +237,6 @@ def _finish(layout: Layout, state: RebaseState) -> None:
                 shutil.copytree(other, staging / other.name)
             else:
                 shutil.copy2(other, staging)
-        publish_folder(staging, line_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path | None = None) -> dict:
@@ -276,7 +266,7 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         shutil.rmtree(_dir(layout), ignore_errors=True)
         repo_dir = _dir(layout) / "repo"
         repo_dir.mkdir(parents=True)
-        _say(f"unpacking {sdist.name}")
+        say(f"unpacking {sdist.name}")
         extract_sdist(sdist, repo_dir)
         new_pin["torch"] = _torch_of(repo_dir, pin.torch)
         digest = new_pin["artifacts"]["sdist"]["sha256"][:12]
@@ -308,7 +298,7 @@ def _proceed(layout: Layout, state: RebaseState) -> dict:
         _finish(layout, state)
     (_dir(layout) / "state.json").unlink(missing_ok=True)
     shutil.rmtree(_dir(layout) / "repo", ignore_errors=True)
-    _say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['absorbed'])} absorbed, "
+    say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['absorbed'])} absorbed, "
          f"{len(report['conflicts'])} conflicts; report: {_dir(layout) / 'report.md'}"
          + ("" if state.dry_run else f"; run `kimi sync` to lay vllm {state.target}"))
     return report
@@ -344,7 +334,7 @@ def _resolve(repo: WorkRepo, last: dict) -> None:
     else:
         repo.git("cherry-pick", "--continue", env={"GIT_EDITOR": "true"})
         last["outcome"] = "applied"
-    _say(f"{last['name']}: resolved ({last['outcome']})")
+    say(f"{last['name']}: resolved ({last['outcome']})")
 
 
 def rebase_continue(layout: Layout) -> dict:
@@ -369,4 +359,4 @@ def rebase_abort(layout: Layout) -> None:
         if not (_dir(layout) / "state.json").is_file():
             raise KimiError("no rebase is in progress")
         shutil.rmtree(_dir(layout))
-        _say("rebase aborted; nothing was changed")
+        say("rebase aborted; nothing was changed")

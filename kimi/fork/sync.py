@@ -35,7 +35,8 @@ from kimi.fork.tree import detect_edits, extract_sdist, lay, ours
 from kimi.fork.workrepo import WorkRepo
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """A progress or warning line of the fork tooling on stderr."""
     print(f"kimi: {msg}", file=sys.stderr)
 
 
@@ -82,7 +83,7 @@ def _previous_state(layout: Layout, force: bool) -> SyncState | None:
     except KimiError as exc:
         if not force:
             raise
-        _say(f"warning: {exc}; laying from scratch")
+        say(f"warning: {exc}; laying from scratch")
         return None
 
 
@@ -109,20 +110,20 @@ def _sync(layout: Layout, line: str, from_dir: Path | None, force: bool) -> Sync
     sdist_artifact = pin.artifact("sdist")
     state = _previous_state(layout, force)
     if state is not None and state.incomplete:
-        _say("finishing an interrupted sync")
+        say("finishing an interrupted sync")
     elif state is not None and not force:
         check_no_unrefreshed_edits(layout, state)
         if (state.line, state.sdist_sha256, state.series, state.failed) == (
             line, sdist_artifact.sha256, digests, None
         ) and layout.work.is_dir():
-            _say(f"up to date: vllm {pin.version} + {len(state.applied)} patches ({line})")
+            say(f"up to date: vllm {pin.version} + {len(state.applied)} patches ({line})")
             return state
 
     sdist = obtain(sdist_artifact, layout.cache, from_dir)
     staging = layout.private / "work.new"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    _say(f"unpacking {sdist.name}")
+    say(f"unpacking {sdist.name}")
     extract_sdist(sdist, staging)
     repo = WorkRepo.create(staging, f"vllm {pin.version} (upstream sdist {sdist_artifact.sha256[:12]})")
 
@@ -134,12 +135,12 @@ def _sync(layout: Layout, line: str, from_dir: Path | None, force: bool) -> Sync
             continue
         if repo.contains(patch):
             absorbed.append(patch.name)
-            _say(f"{patch.name}: absorbed - vllm {pin.version} already contains this change; "
+            say(f"{patch.name}: absorbed - vllm {pin.version} already contains this change; "
                  "remove the patch from the series")
             failure = None
             continue
         break
-    _say(f"applied {len(applied)} of {len(series)} patches" + (f", {len(absorbed)} absorbed" if absorbed else ""))
+    say(f"applied {len(applied)} of {len(series)} patches" + (f", {len(absorbed)} absorbed" if absorbed else ""))
 
     upstream_files = repo.tracked_files()
     kept = ours(layout.root, upstream_files)
@@ -160,7 +161,7 @@ def _sync(layout: Layout, line: str, from_dir: Path | None, force: bool) -> Sync
     lay(layout.work, files, layout.root, kept, previous, laid_digests, overwrite=force)
     new_state.manifest, new_state.incomplete = laid_digests, False
     new_state.save(layout.state_file)
-    _say(f"laid {len(files)} files at {layout.root} (kept ours: {', '.join(new_state.kept_ours) or 'none'})")
+    say(f"laid {len(files)} files at {layout.root} (kept ours: {', '.join(new_state.kept_ours) or 'none'})")
     _warn_unignored(layout.root, laid_digests)
     if failure is not None:
         good = " + ".join([f"vllm {pin.version}", *applied])
@@ -183,4 +184,4 @@ def _warn_unignored(root: Path, manifest: dict[str, str]) -> None:
                           capture_output=True, text=True)
     shown = [line[3:] for line in proc.stdout.splitlines()]
     if shown:
-        _say("warning: laid paths not ignored by .gitignore (add them): " + ", ".join(shown[:10]))
+        say("warning: laid paths not ignored by .gitignore (add them): " + ", ".join(shown[:10]))

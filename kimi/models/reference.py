@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kimi.drafter.conventions import CONVENTION_FIELD, IDS_FIELD, LAYER_INPUT, default_ids
-from kimi.errors import KimiError
-from kimi.fork.fsutil import check_replaceable, default_mode, publish_folder, sha256_file, write_atomic
+from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
 
 
@@ -245,11 +242,8 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
         counts += np.bincount(np.asarray(encoding.ids, dtype=np.int64), minlength=spec.vocab)
     d2t, t2d = draft_vocabulary(counts, spec.draft_vocab)
     ids = default_ids(spec.layers)
-    staging = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        bos, eos = tokenizer.token_to_id(SPECIAL_TOKENS[0]), tokenizer.token_to_id(SPECIAL_TOKENS[1])
+    bos, eos = tokenizer.token_to_id(SPECIAL_TOKENS[0]), tokenizer.token_to_id(SPECIAL_TOKENS[1])
+    with staged_folder(out) as staging:
         say(f"writing the target ({spec.layers} layers, MLA, {spec.experts} experts) and two drafters")
         _write_model(staging / "target", target_config(spec, bos, eos), target_weights(spec))
         save_tokenizer(tokenizer, staging / "target", spec.max_positions)
@@ -263,11 +257,5 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
                       for p in sorted(staging.rglob("*")) if p.is_file()},
         }
         write_atomic(staging / "MANIFEST.json", json.dumps(manifest, indent=2) + "\n")
-        publish_folder(staging, out)
-    except OSError as exc:
-        raise KimiError(f"writing {out} failed: {exc.strerror or exc}; nothing was written") from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     say(f"wrote {out}")
     return manifest
