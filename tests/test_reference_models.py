@@ -1,9 +1,12 @@
-"""`kimi models make`: the reference target and drafters load where they must, and are deterministic.
+"""`kimi models make`: the reference target, its Kimi-K2.5 wrapper and drafters load where they must.
 
 Independent checks: transformers' own DeepseekV3ForCausalLM loads the target
 with no missing or unexpected weights and runs a forward pass; vLLM's engine
 config accepts the target with each drafter (the MLA drafter is MLA through
-patch 0005); `kimi drafter inspect` finds no problems.
+patch 0005); `kimi drafter inspect` finds no problems.  The Kimi-K2.5 wrapper
+holds the target's text tensors byte for byte; vLLM resolves it to
+KimiK25ForConditionalGeneration with its image placeholder; on CPU it generates
+the plain target's greedy tokens with the EAGLE-3 drafter, and image prompts run.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def test_same_seed_same_files_other_seed_other_weights(models: Path, tmp_path: P
     other = json.loads((tmp_path / "seed1" / "MANIFEST.json").read_text())["files"]
     assert other["target/model.safetensors"] != first["files"]["target/model.safetensors"]
     assert other["target/tokenizer.json"] == first["files"]["target/tokenizer.json"]
+    assert other["kimi-k25/model.safetensors"] != first["files"]["kimi-k25/model.safetensors"]
+    assert first["kimi_k25"]["media_placeholder_token_id"] == 2
     refused = make(models)
     assert refused.returncode == 1 and "or pass --force to replace it" in refused.stderr
 
@@ -70,10 +75,11 @@ def test_target_is_deepseek_v3_as_transformers_loads_it(models: Path) -> None:
     assert logits.shape == (1, ids.shape[1], config["vocab_size"]) and torch.isfinite(logits).all()
 
 
-def test_drafters_fit_the_target(models: Path) -> None:
+@pytest.mark.parametrize("target", ["target", "kimi-k25"])
+def test_drafters_fit_the_target(models: Path, target: str) -> None:
     for name, fmt in (("drafter-llama", "eagle3-llama"), ("drafter-mla", "eagle3-mla")):
         result = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(models / name), "--target",
-                                 str(models / "target"), "--json"], capture_output=True, text=True, cwd=ROOT)
+                                 str(models / target), "--json"], capture_output=True, text=True, cwd=ROOT)
         report = json.loads(result.stdout)
         assert result.returncode == 0 and report["problems"] == [], report["problems"]
         assert report["format"] == fmt and report["aux_layer_ids"] == [2, 4, 5]
@@ -114,3 +120,101 @@ def test_make_never_replaces_the_working_directory_or_a_foreign_folder(tmp_path:
     foreign = make(here, "--force")
     assert foreign.returncode == 1 and "has no MANIFEST.json" in foreign.stderr
     assert (here / "precious.txt").read_text() == "keep" and "Traceback" not in foreign.stderr
+
+
+def test_kimi_k25_wraps_the_target_text_model(models: Path) -> None:
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from kimi.models.tokenizer import held_out_files
+
+    with safe_open(str(models / "target" / "model.safetensors"), "pt") as plain, \
+            safe_open(str(models / "kimi-k25" / "model.safetensors"), "pt") as wrapped:
+        names, text = set(wrapped.keys()), list(plain.keys())
+        assert {n for n in names if n.startswith("language_model.")} == {f"language_model.{n}" for n in text}
+        assert all(plain.get_tensor(n).equal(wrapped.get_tensor(f"language_model.{n}")) for n in text)
+    assert {"vision_tower.patch_embed.pos_emb.weight", "vision_tower.encoder.blocks.1.wqkv.bias",
+            "mm_projector.proj.0.weight", "mm_projector.proj.2.weight", "mm_projector.pre_norm.bias"} <= names
+    config = json.loads((models / "kimi-k25" / "config.json").read_text())
+    assert (config["model_type"], config["text_config"]["model_type"]) == ("kimi_k25", "kimi_k2")
+    target, wrapper = (AutoTokenizer.from_pretrained(str(models / d)) for d in ("target", "kimi-k25"))
+    text = held_out_files()[1].read_text()[:2000]
+    assert target(text).input_ids == wrapper(text).input_ids
+    assert wrapper("a<|media_pad|>b").input_ids[1] == config["media_placeholder_token_id"]
+
+
+_K25_CONFIG = textwrap.dedent("""
+    import json, sys
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    cfg = EngineArgs(model=sys.argv[1], max_model_len=1024, gpu_memory_utilization=0.25,
+                     speculative_config={"method": "eagle3", "model": sys.argv[2],
+                                         "num_speculative_tokens": 3}).create_engine_config()
+    model, draft = cfg.model_config, cfg.speculative_config.draft_model_config
+    info = MULTIMODAL_REGISTRY.create_processor(model).info
+    print(json.dumps({"arch": model.architecture, "multimodal": model.is_multimodal_model,
+                      "mla": model.is_deepseek_mla, "text_type": model.hf_text_config.model_type,
+                      "hidden": model.get_hidden_size(), "layers": model.hf_text_config.num_hidden_layers,
+                      "vision_hidden": model.hf_config.vision_config.hidden_size,
+                      "config_media_id": model.hf_config.media_placeholder_token_id,
+                      "media_id": info.media_token_id, "media_token": info.media_token,
+                      "draft_ids": draft.hf_config.eagle_aux_hidden_state_layer_ids}))
+""")
+
+
+def test_vllm_reads_the_kimi_k25_config(models: Path) -> None:
+    args = [str(models / "kimi-k25"), str(models / "drafter-llama")]
+    result = subprocess.run([sys.executable, "-c", _K25_CONFIG, *args], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["arch"] == "KimiK25ForConditionalGeneration" and got["multimodal"] and got["mla"]
+    assert (got["text_type"], got["hidden"], got["layers"], got["vision_hidden"]) == ("kimi_k2", 256, 8, 64)
+    assert got["config_media_id"] == got["media_id"] == 2 and got["media_token"] == "<|media_pad|>"
+    assert got["draft_ids"] == [2, 4, 5]
+
+
+_GENERATE = textwrap.dedent("""
+    import json, sys
+    from PIL import Image
+    from vllm import LLM, SamplingParams
+    model, drafter, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3} if drafter else None
+    llm = LLM(model=model, dtype="float32", max_model_len=512, enforce_eager=True, kv_cache_memory_bytes=256 << 20,
+              speculative_config=spec, disable_log_stats=False)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    out = {"text": [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]}
+    if drafter:
+        images = [{"prompt": sys.argv[4], "multi_modal_data": {"vision_chunk": [
+            {"type": "image", "image": Image.new("RGB", (224, 224), color)}]}} for color in ("red", "blue")]
+        done = llm.generate(images, params)
+        out["image"] = [list(o.outputs[0].token_ids) for o in done]
+        out["image_prompt_len"] = [len(o.prompt_token_ids) for o in done]
+        out["drafts"] = sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
+    print("RESULT " + json.dumps(out))
+""")
+
+_IMAGE_PROMPT = "image: <|media_pad|> says"
+_PROMPTS = ["def f(x):", "import os\n\nclass Path", "for i in range(10):\n    ", "# sum\ndef total(items):"]
+
+
+def _generate(model: Path, drafter: Path | None) -> dict:
+    """Greedy tokens of ``_PROMPTS`` from vLLM on CPU, one engine per call (a process of its own)."""
+    result = subprocess.run([sys.executable, "-c", _GENERATE, str(model), str(drafter or ""), json.dumps(_PROMPTS),
+                             _IMAGE_PROMPT],
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def test_kimi_k25_with_eagle3_generates_the_target_tokens_on_cpu(models: Path) -> None:
+    plain = _generate(models / "target", None)
+    wrapped = _generate(models / "kimi-k25", models / "drafter-llama")
+    assert wrapped["text"] == plain["text"] and all(len(t) == 16 for t in plain["text"])
+    assert wrapped["drafts"] > 0
+    from transformers import AutoTokenizer
+
+    text_tokens = len(AutoTokenizer.from_pretrained(str(models / "kimi-k25"))(_IMAGE_PROMPT).input_ids)
+    per_image = (224 // 14 // 2) ** 2  # 16 x 16 patches of 14 pixels, merged 2 x 2
+    assert wrapped["image_prompt_len"] == [text_tokens - 1 + per_image] * 2  # the placeholder, repeated
+    assert all(len(t) == 16 for t in wrapped["image"]) and wrapped["image"][0] != wrapped["image"][1]

@@ -1,4 +1,4 @@
-"""Reference models: a small DeepSeek-V3-architecture target and two EAGLE-3 drafters, from a seed.
+"""Reference models: a small DeepSeek-V3-architecture target, its Kimi-K2.5 wrapper and two EAGLE-3 drafters.
 
 Written in the DeepSeek-V3 checkpoint layout (``model.layers.N.self_attn.q_a_proj``,
 ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``mlp.experts.J.gate_proj``,
@@ -14,6 +14,8 @@ transformers' ``DeepseekV3ForCausalLM`` and vLLM's ``deepseek_v2.py``):
   MLA-style (``Eagle3DeepseekV3ForCausalLM``), both with explicit aux layer
   ids in vLLM's convention.  The draft vocabulary is the most frequent tokens
   of the training corpus (ties by id).
+* a Kimi-K2.5 multimodal wrapper (``KimiK25ForConditionalGeneration``) around the
+  same text weights, with a small vision tower (``kimi.models.kimi_k25``).
 
 Weights are random (normal, std 0.02; norms 1) from ``torch.Generator(seed)``;
 the same seed, spec and Python minor version give the same files (the
@@ -32,6 +34,8 @@ import numpy as np
 
 from kimi.drafter.conventions import CONVENTION_FIELD, IDS_FIELD, LAYER_INPUT, default_ids
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
+from kimi.models import kimi_k25
+from kimi.models.kimi_k25 import VisionSpec
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
 
 
@@ -58,6 +62,7 @@ class ReferenceSpec:
     draft_vocab: int = 1024
     max_positions: int = 4096
     seed: int = 0
+    vision: VisionSpec = VisionSpec()
 
 
 def target_config(spec: ReferenceSpec, bos: int, eos: int) -> dict:
@@ -220,12 +225,34 @@ def _write_model(folder: Path, config: dict, tensors: dict) -> None:
     os.chmod(folder / "model.safetensors", default_mode())
 
 
+def _write_kimi_k25(folder: Path, spec: ReferenceSpec, text: dict, weights: dict, tokenizer) -> dict:
+    """Write the Kimi-K2.5 wrapper around the target (its config ``text`` and tensors ``weights``).
+
+    The vision tower's weights come from ``seed + 3``; the tokenizer is the
+    target's with the image placeholder named (``kimi_k25.media_tokenizer``).
+
+    Returns:
+        The manifest's ``kimi_k25`` entry: architecture, placeholder id and token.
+    """
+    renamed, media_id = kimi_k25.media_tokenizer(tokenizer)
+    vision = kimi_k25.vision_weights(_Weights(spec.seed + 3), spec.vision, spec.hidden)
+    _write_model(folder, kimi_k25.wrapper_config(text, spec.vision, media_id),
+                 {**kimi_k25.text_weights(weights), **vision})
+    preprocessor = kimi_k25.preprocessor_config(spec.vision)
+    write_atomic(folder / "preprocessor_config.json", json.dumps(preprocessor, indent=2) + "\n")
+    save_tokenizer(renamed, folder, spec.max_positions, pad_token=SPECIAL_TOKENS[1])
+    return {"architecture": kimi_k25.ARCHITECTURE, "media_placeholder_token_id": media_id,
+            "media_placeholder_token": kimi_k25.MEDIA_TOKEN,
+            "note": f"the target's tokenizer with {kimi_k25.REPLACED_TOKEN} renamed {kimi_k25.MEDIA_TOKEN} "
+                    "(same id; pad is <|eos|>); text weights = the target's under language_model."}
+
+
 def say(msg: str) -> None:
     print(f"kimi models: {msg}", file=sys.stderr)
 
 
 def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), force: bool = False) -> dict:
-    """Write ``out/target``, ``out/drafter-llama``, ``out/drafter-mla`` and ``out/MANIFEST.json``.
+    """Write ``out/target``, ``out/kimi-k25``, ``out/drafter-llama``, ``out/drafter-mla`` and ``out/MANIFEST.json``.
 
     Everything is written in a temporary folder beside ``out`` and renamed
     into place.
@@ -250,13 +277,16 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
     ids = default_ids(spec.layers)
     bos, eos = tokenizer.token_to_id(SPECIAL_TOKENS[0]), tokenizer.token_to_id(SPECIAL_TOKENS[1])
     with staged_folder(out) as staging:
-        say(f"writing the target ({spec.layers} layers, MLA, {spec.experts} experts) and two drafters")
-        _write_model(staging / "target", target_config(spec, bos, eos), target_weights(spec))
+        say(f"writing the target ({spec.layers} layers, MLA, {spec.experts} experts), its Kimi-K2.5 wrapper "
+            "and two drafters")
+        text, weights = target_config(spec, bos, eos), target_weights(spec)
+        _write_model(staging / "target", text, weights)
         save_tokenizer(tokenizer, staging / "target", spec.max_positions)
+        wrapper = _write_kimi_k25(staging / "kimi-k25", spec, text, weights, tokenizer)
         for name, make in (("drafter-llama", llama_drafter), ("drafter-mla", mla_drafter)):
             _write_model(staging / name, *make(spec, ids, d2t, t2d))
         manifest = {
-            "spec": asdict(spec), "aux_layer_ids": list(ids),
+            "spec": asdict(spec), "aux_layer_ids": list(ids), "kimi_k25": wrapper,
             "corpus": {"python": corpus.python, "files": len(corpus.files), "bytes": corpus.nbytes,
                        "sha256": corpus.digest},
             "files": {p.relative_to(staging).as_posix(): sha256_file(p)

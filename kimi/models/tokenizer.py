@@ -70,11 +70,10 @@ def train_tokenizer(corpus: Corpus, vocab_size: int):
     return tokenizer
 
 
-def save_tokenizer(tokenizer, out: Path, max_length: int) -> None:
+def save_tokenizer(tokenizer, out: Path, max_length: int, pad_token: str = SPECIAL_TOKENS[2]) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` as transformers' fast tokenizer does."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=SPECIAL_TOKENS[0],
-                                   eos_token=SPECIAL_TOKENS[1], pad_token=SPECIAL_TOKENS[2],
-                                   model_max_length=max_length)
+                                   eos_token=SPECIAL_TOKENS[1], pad_token=pad_token, model_max_length=max_length)
     fast.save_pretrained(str(out))
