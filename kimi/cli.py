@@ -61,6 +61,14 @@ def _cmd_setup(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.demo import demo
+
+    demo(layout, args.line, venv=args.venv, kernels=args.kernels, from_dir=args.from_dir, drafter=args.drafter,
+         k=args.k, max_tokens=args.max_tokens)
+    return 0
+
+
 def _cmd_test(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.devenv import run_tests
 
@@ -229,6 +237,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                    help="folder holding the pinned files, for sites without a package index")
     p.set_defaults(func=_cmd_setup)
+
+    p = sub.add_parser("demo", help="set up, make the reference models, serve them with EAGLE-3 and ask once",
+                       description="The README's main command, on a machine without a GPU too: kimi setup, "
+                                   "kimi models make (when missing), `vllm serve` of the reference DeepSeek-V3 "
+                                   "target with an EAGLE-3 drafter, one completion request with real code, the "
+                                   "spec-decode counters from /metrics, then the server is stopped.")
+    _add_env_options(p)
+    p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                   help="folder holding the pinned files, for sites without a package index")
+    p.add_argument("--drafter", choices=("mla", "llama"), default="mla",
+                   help="EAGLE-3 drafter style (default: %(default)s)")
+    p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_positive_int, default=3,
+                   help="draft tokens per step (default: %(default)s)")
+    p.add_argument("--max-tokens", type=_positive_int, default=64, help="completion length (default: %(default)s)")
+    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("test", help="run the test suite (sets up first if needed)",
                        description="Ensure the environment (as `kimi setup`), then run pytest on tests/ in it. "

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-
-from kimi.cpu_mla.ops import paged_latent_attention, write_latent_cache
 from vllm.config.cache import CacheDType
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
@@ -37,6 +35,9 @@ from vllm.v1.attention.backend import (
     MultipleOf,
 )
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
+
+from kimi.cpu_mla.ops import paged_latent_attention, write_latent_cache
+
 
 @dataclass
 class CpuMLADecodeMetadata(MLACommonDecodeMetadata):

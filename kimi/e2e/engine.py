@@ -1,0 +1,148 @@
+"""Greedy generation with the fork's vLLM and, independently, with transformers; their comparison.
+
+Used by ``benchmarks/cpu_e2e.py``, the GPU script and the tests. Needs the fork's venv (vLLM, torch,
+transformers). Prompts are given as text and tokenized once with the model folder's tokenizer, so both
+implementations see the same token ids.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+#: Engine settings for a CPU run: a KV cache of fixed size (vLLM's gpu_memory_utilization would reserve
+#: 92 % of host memory on the CPU backend), float32 so that implementations can be compared.
+CPU_ENGINE = {"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 512 << 20, "seed": 0}
+
+
+@dataclass
+class GreedyRun:
+    """Result of one engine run.
+
+    Attributes:
+        tokens: per prompt, the generated token ids (``max_tokens`` each; EOS is ignored).
+        counters: spec-decode counters (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``);
+            zeros without speculation.
+        top_logits: per prompt and position, ``{token_id: raw logit}`` for the top tokens, when asked for.
+    """
+
+    tokens: list[list[int]]
+    counters: dict[str, float]
+    top_logits: list[list[dict[int, float]]] = field(default_factory=list)
+
+
+def tokenize(model: str, prompts: list[str]) -> list[list[int]]:
+    """Token ids of ``prompts`` with the tokenizer saved in the model folder (special tokens as it adds them)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return [tokenizer(prompt).input_ids for prompt in prompts]
+
+
+def vllm_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, speculative: dict | None = None,
+                top_logits: int = 0, **engine) -> GreedyRun:
+    """Greedy ``max_tokens`` per prompt with ``vllm.LLM``; the engine is shut down before returning.
+
+    ``engine`` goes to ``LLM(...)`` on top of nothing (pass :data:`CPU_ENGINE` on CPU); ``speculative`` is
+    vLLM's ``speculative_config``; ``top_logits`` > 0 also returns that many raw logits per position
+    (``logprobs_mode="raw_logits"``).
+    """
+    from vllm import LLM, SamplingParams
+
+    if top_logits:
+        engine["logprobs_mode"] = "raw_logits"
+    llm = LLM(model=model, speculative_config=speculative, disable_log_stats=False, **engine)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=top_logits or None)
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        tokens = [list(out.outputs[0].token_ids) for out in outputs]
+        logits = [[{tok: lp.logprob for tok, lp in step.items()} for step in out.outputs[0].logprobs]
+                  for out in outputs] if top_logits else []
+        counters = _counters(llm.get_metrics())
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return GreedyRun(tokens, counters, logits)
+
+
+def _counters(metrics) -> dict[str, float]:
+    names = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+    found = dict.fromkeys(names.values(), 0.0)
+    for metric in metrics:
+        if metric.name in names:
+            found[names[metric.name]] += float(metric.value)
+    return found
+
+
+def hf_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, dtype: str = "float32"):
+    """Greedy decoding with transformers' implementation of the model (its own KV cache, no vLLM code).
+
+    Returns ``(tokens, logits)``: per prompt the ``max_tokens`` argmax ids, and the float32 logits
+    ``[max_tokens, vocab]`` that chose them.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+    tokens, logits = [], []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            step_input, past, chosen, rows = torch.tensor([ids]), None, [], []
+            for _ in range(max_tokens):
+                out = hf(step_input, past_key_values=past, use_cache=True)
+                row = out.logits[0, -1].float()
+                past, nxt = out.past_key_values, int(row.argmax())
+                chosen.append(nxt)
+                rows.append(row)
+                step_input = torch.tensor([[nxt]])
+            tokens.append(chosen)
+            logits.append(torch.stack(rows))
+    return tokens, logits
+
+
+def parity(vllm_run: GreedyRun, hf_tokens: list[list[int]], hf_logits) -> dict:
+    """Compare vLLM's greedy run with transformers'.
+
+    Returns ``{"matching": prompts whose tokens are all equal, "total": prompts, "max_logit_diff": the
+    largest |vLLM raw logit - transformers logit| over the top tokens vLLM reported, at every position
+    up to and including the first difference (later positions see different inputs)}``.
+    """
+    matching, worst = 0, 0.0
+    for ours, theirs, top, rows in zip(vllm_run.tokens, hf_tokens, vllm_run.top_logits, hf_logits, strict=True):
+        matching += ours == theirs
+        for pos, (step, row) in enumerate(zip(top, rows, strict=True)):
+            worst = max(worst, max(abs(value - float(row[tok])) for tok, value in step.items()))
+            if ours[pos] != theirs[pos]:
+                break
+    return {"matching": matching, "total": len(hf_tokens), "max_logit_diff": worst}
+
+
+def identical(a: GreedyRun, b: GreedyRun) -> dict:
+    """``{"identical": sequences equal in both runs, "total": sequences}``."""
+    return {"identical": sum(x == y for x, y in zip(a.tokens, b.tokens, strict=True)), "total": len(a.tokens)}
+
+
+def self_draft_model(target: str, dest: str) -> str:
+    """A copy of ``target`` (weights linked, not copied) that vLLM accepts as a ``draft_model`` drafter.
+
+    vLLM turns every ``deepseek_v3`` draft config into its MTP head (``SpeculativeConfig.hf_config_override``),
+    so the copy says ``model_type: kimi_k2`` (how Kimi-K2 ships the same architecture). With the target as
+    its own drafter nearly every draft is accepted, which exercises verification with accepted tokens.
+    Returns ``dest``.
+    """
+    import json
+    import os
+
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(target):
+        if name != "config.json" and not os.path.lexists(os.path.join(dest, name)):
+            os.symlink(os.path.abspath(os.path.join(target, name)), os.path.join(dest, name))
+    with open(os.path.join(target, "config.json")) as f:
+        config = json.load(f)
+    config["model_type"] = "kimi_k2"
+    with open(os.path.join(dest, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return dest
