@@ -21,6 +21,7 @@ EPILOG = """first steps on a fresh clone:
 the fork's own CUDA kernels (nvcc; sm_90a Hopper, sm_100a Blackwell):
   kimi kernels build [--arch '9.0a;10.0a']    build the EAGLE-3 draft-head kernels
   kimi kernels check [--json]                 the built library and its cubins (cuobjdump)
+  kimi kernels prepare [--fetch]              vLLM's CMake *_SRC_DIR sources: present / missing
 
 drafters (EAGLE-3 checkpoints):
   kimi drafter inspect DIR --target TARGET [--json]
@@ -194,6 +195,27 @@ def _cmd_kernels_check(args: argparse.Namespace, layout: Layout) -> int:
     return 1 if missing else 0
 
 
+def _cmd_kernels_prepare(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.kernels import build, sources
+
+    fetched = {}
+    if args.fetch:
+        if build.find_cuobjdump() is None:
+            fetched["cuobjdump"] = str(sources.fetch_cuobjdump(layout.root, layout.cache))
+        fetched["CUTLASS_INCLUDE_DIR"] = str(sources.fetch_cutlass_headers(layout.root, layout.cache))
+    found = sources.external_sources(layout.root)
+    nvcc, cuobjdump = build.find_nvcc(), build.find_cuobjdump()
+    if args.json:
+        print(json.dumps({"nvcc": str(nvcc) if nvcc else None, "cuobjdump": str(cuobjdump) if cuobjdump else None,
+                          "fetched": fetched, "sources": [s.as_dict() for s in found]}, indent=2))
+    else:
+        print(f"nvcc: {nvcc or 'MISSING'}\ncuobjdump (CUDA >= 13): {cuobjdump or 'MISSING (--fetch gets one)'}")
+        for what, where in fetched.items():
+            print(f"fetched {what}: {where}")
+        print(sources.render(found))
+    return 1 if any(not s.present for s in found) else 0
+
+
 def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
     from kimi.kernels.build import DEFAULT_ARCHS
 
@@ -220,6 +242,16 @@ def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--build-dir", type=Path, default=None, help="build root (default: .kimi/build/kernels)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=_cmd_kernels_check)
+    p = cmds.add_parser(
+        "prepare", help="report vLLM's CMake external sources (*_SRC_DIR): present or missing",
+        description="Read the laid tree's CMake files for every *_SRC_DIR variable (CUTLASS, FlashMLA, "
+                    "flash-attention, DeepGEMM, QuTLASS, ...) with the repository and tag it would clone, and report "
+                    "which local folders exist ($VAR, else .kimi/sources/<name>). --fetch gets what the package "
+                    "index has: a CUDA 13 cuobjdump (.kimi/tools/bin) and the nvidia-cutlass headers "
+                    "(.kimi/sources/cutlass-headers). Exit status 1 while a source is missing.")
+    p.add_argument("--fetch", action="store_true", help="download what the package index has")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=_cmd_kernels_prepare)
 
 
 def _cmd_rebase(args: argparse.Namespace, layout: Layout) -> int:

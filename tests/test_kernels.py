@@ -102,6 +102,31 @@ def test_cli_kernels_check_reports_missing_library(tmp_path):
     assert "kimi kernels build" in proc.stderr
 
 
+def test_external_sources_report(tmp_path, monkeypatch):
+    from kimi.kernels import sources
+
+    (tmp_path / "cmake" / "external_projects").mkdir(parents=True)
+    (tmp_path / "CMakeLists.txt").write_text(
+        'set(CUTLASS_REVISION "v4.4.2")\nif (DEFINED ENV{VLLM_CUTLASS_SRC_DIR})\nendif()\n'
+        "FetchContent_Declare(cutlass GIT_REPOSITORY https://github.com/nvidia/cutlass.git\n"
+        "  GIT_TAG ${CUTLASS_REVISION})\n")
+    (tmp_path / "cmake" / "external_projects" / "flashmla.cmake").write_text(
+        "if (DEFINED ENV{FLASH_MLA_SRC_DIR})\n  set(FLASH_MLA_SRC_DIR $ENV{FLASH_MLA_SRC_DIR})\nendif()\n"
+        "GIT_REPOSITORY https://github.com/vllm-project/FlashMLA\nGIT_TAG a8f794d\n")
+    local = tmp_path / "fm"
+    (local / "csrc").mkdir(parents=True)
+    monkeypatch.setenv("FLASH_MLA_SRC_DIR", str(local))
+    monkeypatch.delenv("VLLM_CUTLASS_SRC_DIR", raising=False)
+    found = {s.variable: s for s in sources.external_sources(tmp_path)}
+    assert found["VLLM_CUTLASS_SRC_DIR"].tag == "v4.4.2" and not found["VLLM_CUTLASS_SRC_DIR"].present
+    assert found["VLLM_CUTLASS_SRC_DIR"].path == str(tmp_path / ".kimi" / "sources" / "vllm_cutlass")
+    assert found["FLASH_MLA_SRC_DIR"].present and found["FLASH_MLA_SRC_DIR"].tag == "a8f794d"
+    text = sources.render(list(found.values()))
+    assert f"export FLASH_MLA_SRC_DIR={local}" in text and "1 missing" in text
+    with pytest.raises(KimiError, match="kimi sync"):
+        sources.external_sources(tmp_path / "nothing")
+
+
 # ---------------------------------------------------------------------------------------------
 # The torch path (CPU) against the float64 reference
 
