@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 
-_ENV_RE = re.compile(r"\$ENV\{([A-Z0-9_]+_SRC_DIR)\}")
+_ENV_RE = re.compile(r"\bENV\{([A-Z0-9_]+_SRC_DIR)\}")
 _SET_RE = re.compile(r'set\(\s*([A-Z0-9_]+)\s+"?([^")\s]+)"?\s*\)')
 
 
