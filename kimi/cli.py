@@ -18,6 +18,11 @@ EPILOG = """first steps on a fresh clone:
   python3 -m kimi setup      lay vLLM, install the fork into .venv, smoke-run `vllm`
   python3 -m kimi test       the test suite (sets up first if needed)
 
+the fork's own CUDA kernels (nvcc; sm_90a Hopper, sm_100a Blackwell):
+  kimi kernels build [--arch '9.0a;10.0a']    build the EAGLE-3 draft-head kernels
+  kimi kernels check [--json]                 the built library and its cubins (cuobjdump)
+  kimi kernels prepare [--fetch]              vLLM's CMake *_SRC_DIR sources: present / missing
+
 drafters (EAGLE-3 checkpoints):
   kimi drafter inspect DIR --target TARGET [--json]
   kimi drafter convert SRC DST [--target TARGET]
@@ -154,6 +159,101 @@ def _add_models_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_models_make)
 
 
+def _cmd_kernels_build(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.kernels import build
+
+    archs = build.parse_archs(args.arch)
+    result = build.build(archs, build_root=args.build_dir, threads=args.jobs, force=args.force)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        how = "reused" if result.cached else f"built in {result.seconds:.1f} s"
+        print(f"{result.library}: {how} for {', '.join(build.sm_name(a) for a in archs)} (nvcc {result.nvcc_release})")
+    return 0
+
+
+def _cmd_kernels_check(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.kernels import build
+
+    library = build.find_library(args.build_dir)
+    if library is None:
+        raise KimiError("no draft-head library built from the current source: run `python3 -m kimi kernels build`")
+    info_path = library.parent / "build.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    cubins = build.list_cubins(library)
+    wanted = [build.sm_name(a) for a in build.parse_archs(args.arch)]
+    missing = [sm for sm in wanted if sm not in cubins]
+    report = {"library": str(library), "cubins": cubins, "expected": wanted, "missing": missing, "build": info}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{library}\n  cubins: {', '.join(cubins) or 'none'}")
+        if info:
+            print(f"  built by nvcc {info.get('nvcc_release')} in {info.get('seconds')} s on {info.get('host')}")
+        if missing:
+            print(f"  missing: {', '.join(missing)} (rebuild with --arch)")
+    return 1 if missing else 0
+
+
+def _cmd_kernels_prepare(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.kernels import build, sources
+
+    fetched = {}
+    if args.fetch:
+        if build.find_cuobjdump() is None:
+            fetched["cuobjdump"] = str(sources.fetch_cuobjdump(layout.root, layout.cache))
+        fetched["CUTLASS_INCLUDE_DIR"] = str(sources.fetch_cutlass_headers(layout.root, layout.cache))
+    found = sources.external_sources(layout.root)
+    nvcc, cuobjdump = build.find_nvcc(), build.find_cuobjdump()
+    if args.json:
+        print(json.dumps({"nvcc": str(nvcc) if nvcc else None, "cuobjdump": str(cuobjdump) if cuobjdump else None,
+                          "fetched": fetched, "sources": [s.as_dict() for s in found]}, indent=2))
+    else:
+        print(f"nvcc: {nvcc or 'MISSING'}\ncuobjdump (CUDA >= 13): {cuobjdump or 'MISSING (--fetch gets one)'}")
+        for what, where in fetched.items():
+            print(f"fetched {what}: {where}")
+        print(sources.render(found))
+    return 1 if any(not s.present for s in found) else 0
+
+
+def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
+    from kimi.kernels.build import DEFAULT_ARCHS
+
+    cmds = _group(sub, "kernels", "build and check the fork's own CUDA kernels (EAGLE-3 draft head)")
+    arch_default = ";".join(DEFAULT_ARCHS)
+    p = cmds.add_parser(
+        "build", help="compile the draft-head kernels with nvcc (seconds; no GPU needed)",
+        description="Compile kimi/kernels/csrc/draft_head.cu into libkimi_draft_head.so (C interface, static CUDA "
+                    "runtime, no torch link) with one cubin per architecture, into .kimi/build/kernels (or "
+                    "$KIMI_KERNELS_BUILD_DIR). A build of the same source, flags and nvcc is reused.")
+    p.add_argument("--arch", default=arch_default,
+                   help="architectures as in TORCH_CUDA_ARCH_LIST (default: %(default)s)")
+    p.add_argument("-j", "--jobs", type=_positive_int, default=2,
+                   help="architectures nvcc compiles in parallel (default: %(default)s)")
+    p.add_argument("--build-dir", type=Path, default=None, help="build root (default: .kimi/build/kernels)")
+    p.add_argument("--force", action="store_true", help="rebuild even when an identical build exists")
+    p.add_argument("--json", action="store_true", help="print the build record as JSON")
+    p.set_defaults(func=_cmd_kernels_build)
+    p = cmds.add_parser(
+        "check", help="list the cubins of the built library (cuobjdump --list-elf)",
+        description="Find the library built from the current source and list its cubins with a cuobjdump of CUDA 13 "
+                    "or newer. Exit status 1 when an architecture of --arch is missing or nothing is built.")
+    p.add_argument("--arch", default=arch_default, help="architectures that must be there (default: %(default)s)")
+    p.add_argument("--build-dir", type=Path, default=None, help="build root (default: .kimi/build/kernels)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=_cmd_kernels_check)
+    p = cmds.add_parser(
+        "prepare", help="report vLLM's CMake external sources (*_SRC_DIR): present or missing",
+        description="Read the laid tree's CMake files for every *_SRC_DIR variable (CUTLASS, FlashMLA, "
+                    "flash-attention, DeepGEMM, QuTLASS, ...) with the repository and tag it would clone, and report "
+                    "which local folders exist ($VAR, else .kimi/sources/<name>). --fetch gets what the package "
+                    "index has: a CUDA 13 cuobjdump (.kimi/tools/bin) and the nvidia-cutlass headers "
+                    "(.kimi/sources/cutlass-headers). Exit status 1 while a source is missing.")
+    p.add_argument("--fetch", action="store_true", help="download what the package index has")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=_cmd_kernels_prepare)
+
+
 def _cmd_rebase(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.fork.rebase import rebase, rebase_abort, rebase_continue
 
@@ -263,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rebase_command(sub)
     _add_drafter_commands(sub)
     _add_models_commands(sub)
+    _add_kernels_commands(sub)
     return parser
 
 
