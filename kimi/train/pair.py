@@ -41,7 +41,7 @@ class PairRecipe:
     target: TargetTraining = TargetTraining()
     regenerate: RegenerateOptions = RegenerateOptions(num_prompts=384, max_tokens=96)
     draft_vocab: int = 1024
-    train: TrainOptions = TrainOptions(epochs=10)
+    train: TrainOptions = TrainOptions(epochs=6, batch=16, lr=3e-3, warmup=10)
     eval_prompts: int = 8
     eval_tokens: int = 64
 
