@@ -1,0 +1,130 @@
+"""The drafter-training pieces that need only torch: the TTT unroll against a served draft chain, the loss
+masks, the draft vocabulary, resumable sample files and the report without matplotlib."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kimi.train.eagle3 import DrafterShape, Eagle3Drafter, rotate  # noqa: E402
+from kimi.train.report import report  # noqa: E402
+from kimi.train.store import append_samples, read_samples  # noqa: E402
+from kimi.train.trainer import ttt_loss  # noqa: E402
+from kimi.train.vocab import build_vocab  # noqa: E402
+
+SHAPE = DrafterShape(hidden=16, target_hidden=16, num_aux=3, vocab=40, draft_vocab=24, heads=2, head_dim=8,
+                     intermediate=32)
+
+
+def _drafter() -> Eagle3Drafter:
+    torch.manual_seed(0)
+    return Eagle3Drafter(SHAPE, torch.randn(SHAPE.vocab, SHAPE.hidden))
+
+
+def _served_chain(model: Eagle3Drafter, ids: torch.Tensor, aux: torch.Tensor, t: int, steps: int) -> list:
+    """The logits a served chain from row ``t`` produces, one token at a time with an explicit KV list:
+    step 0 over rows 0..t from the target's states, then each step one token at the next position."""
+    hidden0 = model.fc(aux[None, :t + 1])
+    rows = torch.arange(t + 1)
+    cache: list = []
+    logits, r = model.step(ids[None, rows + 1], hidden0, rows[None], cache, torch.ones(1, t + 1, dtype=torch.bool))
+    out, g = [logits[0, t]], r[:, t:t + 1]
+    keys = [cache[0][0], cache[0][1]]
+    layer, s = model.midlayer, model.shape
+    for j in range(1, steps):
+        x = torch.cat([layer.input_layernorm(model.embed[ids[t + 1 + j]][None, None]), layer.hidden_norm(g)], -1)
+        def heads(proj, x=x):
+            return proj(x).view(1, 1, s.heads, s.head_dim).transpose(1, 2)
+
+        pos = torch.tensor([[t + j]])
+        q, k, v = (rotate(heads(layer.self_attn.q_proj), pos, s.rope_theta),
+                   rotate(heads(layer.self_attn.k_proj), pos, s.rope_theta), heads(layer.self_attn.v_proj))
+        keys = [torch.cat([keys[0], k], 2), torch.cat([keys[1], v], 2)]
+        att = torch.softmax((q @ keys[0].transpose(-1, -2)) * s.head_dim ** -0.5, -1) @ keys[1]
+        attn = layer.self_attn.o_proj(att.transpose(1, 2).reshape(1, 1, -1))
+        g = attn + g
+        g = layer.mlp(layer.post_attention_layernorm(g)) + g
+        out.append(model.lm_head(model.norm(g))[0, 0])
+    return out
+
+
+def test_ttt_unroll_equals_the_served_chain():
+    model = _drafter()
+    ids = torch.randint(0, SHAPE.vocab, (12,))
+    aux = torch.randn(12, 3 * SHAPE.target_hidden)
+    with torch.no_grad():
+        unrolled = model.unroll(ids[None], aux[None], torch.tensor([12]), 3)
+        for t in (0, 4, 8):
+            for j, chain in enumerate(_served_chain(model, ids, aux, t, 3)):
+                assert torch.allclose(unrolled[j][0, t], chain, atol=1e-5), (t, j)
+
+
+def test_padding_does_not_leak_into_real_rows():
+    model = _drafter()
+    ids = torch.randint(0, SHAPE.vocab, (1, 10))
+    aux = torch.randn(1, 10, 3 * SHAPE.target_hidden)
+    with torch.no_grad():
+        alone = model.unroll(ids[:, :7], aux[:, :7], torch.tensor([7]), 2)
+        padded = model.unroll(ids, aux, torch.tensor([7]), 2)
+    for a, b in zip(alone, padded, strict=True):
+        assert torch.allclose(a[0, :5], b[0, :5], atol=1e-5)  # rows whose inputs are inside the first 7 tokens
+
+
+def _batch(mask: list[int]) -> dict:
+    t = len(mask)
+    return {"input_ids": torch.randint(0, SHAPE.vocab, (1, t)), "loss_mask": torch.tensor([mask], dtype=torch.bool),
+            "aux": torch.randn(1, t, 3 * SHAPE.target_hidden), "final": torch.randn(1, t, SHAPE.hidden),
+            "lengths": torch.tensor([t])}
+
+
+def test_loss_needs_response_tokens_and_reports_each_step():
+    model = _drafter()
+    lm_head = torch.randn(SHAPE.vocab, SHAPE.hidden)
+    d2t = torch.zeros(SHAPE.draft_vocab, dtype=torch.int64)
+    t2d = torch.zeros(SHAPE.vocab, dtype=torch.bool)
+    t2d[:SHAPE.draft_vocab] = True
+    loss, metrics = ttt_loss(model, _batch([0] * 12), lm_head, d2t, t2d, 3)
+    assert float(loss) == 0.0 and metrics["acc"] == [0.0, 0.0, 0.0] and metrics["tau_ttt"] == 1.0
+    loss, metrics = ttt_loss(model, _batch([0] * 4 + [1] * 8), lm_head, d2t, t2d, 3)
+    assert float(loss) > 0 and len(metrics["acc"]) == 3
+    loss.backward()
+    assert model.fc.weight.grad is not None and model.midlayer.self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_vocab_counts_only_response_tokens(tmp_path: Path):
+    append_samples(tmp_path / "samples.jsonl", [{"input_ids": [5, 5, 5, 7, 9, 9], "loss_mask": [1, 0, 0, 0, 1, 1]},
+                                                {"input_ids": [3, 5], "loss_mask": [0, 1]}])
+    info = build_vocab(tmp_path, 12, 2)
+    from safetensors.torch import load_file
+
+    vocab = load_file(str(tmp_path / "vocab.safetensors"))
+    assert (torch.arange(2) + vocab["d2t"]).tolist() == [5, 9]  # 5 twice, 9 twice in responses; 7 never
+    assert vocab["t2d"].nonzero().flatten().tolist() == [5, 9] and vocab["d2t"].dtype == torch.int64
+    assert info["coverage"] == 1.0
+
+
+def test_torn_sample_line_is_dropped(tmp_path: Path):
+    path = tmp_path / "samples.jsonl"
+    append_samples(path, [{"input_ids": [1], "loss_mask": [1]}])
+    with open(path, "a") as f:
+        f.write('{"input_ids": [2')
+    assert read_samples(path) == [{"input_ids": [1], "loss_mask": [1]}]
+
+
+def test_report_without_matplotlib_keeps_the_data(tmp_path: Path):
+    (tmp_path / "train").mkdir()
+    rows = [{"step": i + 1, "loss": 3.0 - i * 0.1, "acc": [0.5, 0.4], "tau_ttt": 1.7} for i in range(5)]
+    (tmp_path / "train" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = report(tmp_path, {"k": 2, "tau": 1.6, "per_position": [0.4, 0.2], "counters": {}}).read_text()
+    assert "tau = 1.60" in md
+    assert (tmp_path / "report" / "curves.csv").read_text().count("\n") == 6
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in md
+    else:
+        assert (tmp_path / "report" / "training.png").is_file()
