@@ -40,7 +40,7 @@ finish() {
 }
 
 # -- stash the carried parts ---------------------------------------------------------------------------------
-for f in "$kit"/part* "$kit"/SHA256 "$kit"/VERSION; do
+for f in "$kit"/part* "$kit"/SHA256 "$kit"/PARTS.sha256 "$kit"/VERSION; do
   [ -f "$f" ] && cp -f "$f" "$stash/"
 done
 note "stashed: $(cd "$stash" && ls -1 | tr '\n' ' ')"
@@ -52,6 +52,20 @@ if [ -n "$installed_sha" ] && { [ -z "$want_sha" ] || [ "$installed_sha" = "$wan
 else
   if [ -z "$want_sha" ]; then
     note "no SHA256 yet: carry .kimi/gpu-kit/SHA256 with the parts"; step stash 0; finish 0
+  fi
+  if [ -f "$stash/PARTS.sha256" ]; then
+    missing=() bad=()
+    while read -r sum name; do
+      if [ ! -f "$stash/$name" ]; then missing+=("$name")
+      elif [ "$(sha256sum "$stash/$name" | cut -d' ' -f1)" != "$sum" ]; then bad+=("$name"); rm -f "$stash/$name"
+      fi
+    done < "$stash/PARTS.sha256"
+    if [ ${#bad[@]} -gt 0 ]; then note "corrupt parts removed: ${bad[*]}; carry them again"; fi
+    if [ ${#missing[@]} -gt 0 ] || [ ${#bad[@]} -gt 0 ]; then
+      note "kit not complete yet: still needed ${missing[*]} ${bad[*]}"
+      note "(if they were carried before, the machine went cold between calls: make the calls back to back)"
+      step stash 0; finish 0
+    fi
   fi
   got=$(cat "$stash"/part* 2>/dev/null | sha256sum | cut -d' ' -f1)
   if [ "$got" != "$want_sha" ]; then

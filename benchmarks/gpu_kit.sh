@@ -22,8 +22,10 @@ echo "gpu_kit: vLLM $version kit with $scripts/build_kit.sh into $out (parts of 
 mkdir -p "$out"
 PIP_NO_CACHE_DIR=1 "$scripts/build_kit.sh" "$version" "$out" "$part_mib"
 echo "$version" > "$out/VERSION"
+(cd "$out" && sha256sum part* > PARTS.sha256)
 tree_kb=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1)
-echo "gpu_kit: working tree ${tree_kb} KiB; each call carries one part:"
+echo "gpu_kit: working tree ${tree_kb} KiB; the device command is \`bash benchmarks/gpu_call.sh\`, one call per part:"
 for p in "$out"/part*; do
-  echo "  carry .kimi/gpu-kit/$(basename "$p")  ($(( $(stat -c %s "$p") / 1048576 )) MiB)"
+  echo "  carry [\".kimi/gpu-kit/$(basename "$p")\", \".kimi/gpu-kit/SHA256\", \".kimi/gpu-kit/PARTS.sha256\"]" \
+       " ($(( $(stat -c %s "$p") / 1048576 )) MiB)"
 done
