@@ -28,6 +28,7 @@ server answered), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -43,7 +44,7 @@ import traceback
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -62,6 +63,10 @@ CPU_ENGINE = {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes":
 MLA_FALLBACK = {"attention_config": {"backend_per_kind": {"mla_attention": "TRITON_MLA"}}}
 #: If the Kimi-K2.5 wrapper cannot start with its vision tower profiled, it runs text-only.
 K25_FALLBACK = {"limit_mm_per_prompt": {"vision_chunk": 0}}
+#: Image requests of the Kimi-K2.5 runs: the wrapper's placeholder token (kimi.models.kimi_k25.MEDIA_TOKEN) in
+#: a text prompt, one plain 224 x 224 image per color (16 x 16 patches of 14 pixels, merged 2 x 2: 64 tokens).
+K25_IMAGE_PROMPT = "# an image: <|media_pad|>\ndef describe(image):\n"
+IMAGE_COLORS = ("red", "blue", "green", "white", "black", "yellow", "cyan", "magenta")
 
 
 def log(msg: str) -> None:
@@ -111,7 +116,7 @@ def _counters(metrics) -> dict:
             found[COUNTERS[name]] += float(metric.value)
         elif name == "vllm:spec_decode_num_accepted_tokens_per_pos" and hasattr(metric, "values"):
             values = [float(v) for v in metric.values]
-            per_pos = [a + b for a, b in zip(per_pos, values)] if per_pos else values
+            per_pos = [a + b for a, b in zip(per_pos, values, strict=False)] if per_pos else values
     found["accepted_per_pos"] = per_pos
     return found
 
@@ -150,6 +155,22 @@ def _device() -> dict:
     return out
 
 
+def _image_run(llm, images: dict, tokens: int) -> dict:
+    """Greedy decoding of one image request per color (the multimodal path of the Kimi-K2.5 wrapper)."""
+    try:
+        from PIL import Image
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+        requests = [{"prompt": images["prompt"], "multi_modal_data": {"vision_chunk": [
+            {"type": "image", "image": Image.new("RGB", (224, 224), color)}]}} for color in images["colors"]]
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        return {"image_tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                "image_prompt_len": [len(o.prompt_token_ids) for o in outputs]}
+    except Exception:
+        return {"image_error": traceback.format_exc()[-3000:]}
+
+
 def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
     """Start an engine for ``job``, decode ``prompts`` greedily, read the counters, shut the engine down."""
     import gc
@@ -172,6 +193,7 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         seconds = time.monotonic() - t1
         after = _counters(llm.get_metrics())
+        images = _image_run(llm, job.get("images"), min(tokens, 16)) if job.get("images") else {}
     finally:
         try:
             llm.llm_engine.engine_core.shutdown()
@@ -183,10 +205,10 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
             torch.cuda.empty_cache()
     counters = {k: after[k] - before[k] for k in COUNTERS.values()}
     pos_before = before["accepted_per_pos"] or [0.0] * len(after["accepted_per_pos"])
-    counters["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pos_before)]
+    counters["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pos_before, strict=False)]
     out_tokens = [list(o.outputs[0].token_ids) for o in outputs]
     generated = sum(len(t) for t in out_tokens)
-    return {"tokens": out_tokens, "counters": counters, "engine": info, "vllm_version": vllm.__version__,
+    return {"tokens": out_tokens, "counters": counters, "engine": info, "vllm_version": vllm.__version__, **images,
             "device": _device(), "start_s": round(started, 1), "generate_s": round(seconds, 3),
             "tokens_per_s": round(generated / seconds, 1) if seconds else None}
 
@@ -231,6 +253,7 @@ class Job:
     engine: dict
     group: str
     timeout_s: float
+    images: dict | None = None
 
 
 @dataclass
@@ -278,10 +301,8 @@ def _kill(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 
@@ -318,9 +339,12 @@ def run_lane(run: Run, lane: str, jobs: list[Job], on_error=None) -> None:
         jobs_path = run.args.scratch / f"jobs-{lane}-{attempt}.json"
         events_path = run.args.scratch / f"events-{lane}-{attempt}.jsonl"
         events_path.unlink(missing_ok=True)
+        # one engine per process by default: a fresh CUDA context, no state carried from the previous engine
+        batch = remaining[:1] if run.args.fresh_process else remaining
         jobs_path.write_text(json.dumps({
-            "prompts": run.prompts, "tokens": run.args.tokens, "job_timeout_s": max(j.timeout_s for j in remaining),
-            "jobs": [{"name": j.name, "target": j.target, "spec": j.spec, "engine": j.engine} for j in remaining]}))
+            "prompts": run.prompts, "tokens": run.args.tokens, "job_timeout_s": max(j.timeout_s for j in batch),
+            "jobs": [{"name": j.name, "target": j.target, "spec": j.spec, "engine": j.engine, "images": j.images}
+                     for j in batch]}))
         with open(log_path, "ab") as out:
             proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(jobs_path),
                                      str(events_path)], stdout=out, stderr=subprocess.STDOUT,
@@ -506,10 +530,8 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
         _kill(proc)
         result["stopped"] = proc.returncode is not None
         result["seconds"] = round(time.monotonic() - t0, 1)
@@ -518,12 +540,14 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
 # -- results -------------------------------------------------------------------------------------------------
 
 def compare(a: list[list[int]], b: list[list[int]]) -> dict:
-    identical = sum(x == y for x, y in zip(a, b))
-    total_tokens = sum(len(x) for x in b)
-    matched = sum(p == q for x, y in zip(a, b) for p, q in zip(x, y))
-    first = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None) for x, y in zip(a, b)]
-    return {"identical": identical, "total": len(b), "token_match": round(matched / total_tokens, 4) if total_tokens
-            else None, "first_divergence": [f for f in first if f is not None]}
+    """How many sequences of ``a`` equal those of ``b`` (the baseline), the token match and where they part."""
+    pairs = list(zip(a, b, strict=True))
+    total_tokens = sum(len(y) for y in b)
+    matched = sum(p == q for x, y in pairs for p, q in zip(x, y, strict=False))
+    first = [next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None) for x, y in pairs]
+    return {"identical": sum(x == y for x, y in pairs), "total": len(b),
+            "token_match": round(matched / total_tokens, 4) if total_tokens else None,
+            "first_divergence": [f for f in first if f is not None]}
 
 
 BASELINES = {"target": "base", "k25": "k25_base"}
@@ -538,6 +562,9 @@ def summarize(run: Run) -> dict:
             r = outcome.result
             entry.update(engine=r["engine"], start_s=r["start_s"], generate_s=r["generate_s"],
                          tokens_per_s=r["tokens_per_s"])
+            if "image_tokens" in r or "image_error" in r:
+                entry["images"] = {"requests": len(r.get("image_tokens", [])),
+                                   "prompt_tokens": r.get("image_prompt_len"), "error": r.get("image_error")}
             base = BASELINES["k25" if name.startswith("k25") else "target"]
             if name in run.spec_names:
                 counters[name] = {k: r["counters"][k] for k in ("num_drafts", "num_draft_tokens",
@@ -547,6 +574,13 @@ def summarize(run: Run) -> dict:
                     if c["num_drafts"] else None
                 if base in done:
                     lossless[name] = compare(r["tokens"], done[base].result["tokens"])
+                    ref_images = done[base].result.get("image_tokens")
+                    if ref_images and r.get("image_tokens"):
+                        # the multimodal requests count as sequences of this run too
+                        images = compare(r["image_tokens"], ref_images)
+                        text = lossless[name]
+                        lossless[name] = {"identical": text["identical"] + images["identical"],
+                                          "total": text["total"] + images["total"], "text": text, "images": images}
         else:
             entry["error"] = outcome.error[-1500:]
         runs[name] = entry
@@ -569,6 +603,10 @@ def summarize(run: Run) -> dict:
         "serve_ok": bool(run.serve.get("ok")),
         "fork_version": bool(first) and "+kimi." in first.result["vllm_version"],
     }
+    k25_runs = [o for n, o in done.items() if n.startswith("k25")]
+    if run.models.get("kimi_k25") and getattr(run.args, "k25_images", 0):
+        # the wrapper's multimodal path ran: every Kimi-K2.5 run answered its image requests
+        checks["k25_multimodal"] = bool(k25_runs) and all(o.result.get("image_tokens") for o in k25_runs)
     if run.args.cpu_smoke:
         checks.pop("cuda_graphs")
     return {
@@ -601,14 +639,16 @@ def write_results(run: Run) -> dict:
     tmp = run.out / ".gpu_e2e.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.replace(run.out / "gpu_e2e.json")
+    details = summary["device_details"]
     lines = ["# GPU end to end (issue C)", "",
              f"- command: `{summary['command']}`", f"- date: {summary['date']}",
-             f"- hardware: {summary['device']}, torch {summary['device_details'].get('torch')}, CUDA "
-             f"{summary['device_details'].get('cuda')}", f"- vLLM: {summary['vllm_version']}",
-             f"- CUDA graphs on in every run: {summary['cuda_graphs']}; prompts: {len(run.prompts)} x "
-             f"{run.args.tokens} tokens, greedy", f"- passed: {summary['passed']} {summary['checks']}", "",
-             "| run | identical / total | token match | drafts | draft tokens | accepted | mean acceptance length | "
-             "engine start s | tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+             f"- hardware: {summary['device']}, torch {details.get('torch')}, CUDA {details.get('cuda')}",
+             f"- vLLM: {summary['vllm_version']}",
+             (f"- CUDA graphs on in every run: {summary['cuda_graphs']}; {len(run.prompts)} prompts x "
+              f"{run.args.tokens} tokens, greedy"),
+             f"- passed: {summary['passed']} {summary['checks']}", "",
+             ("| run | identical / total | token match | drafts | draft tokens | accepted | mean acceptance length "
+              "| engine start s | tok/s |"), "|---|---|---|---|---|---|---|---|---|"]
     for name, entry in summary["runs"].items():
         if entry["status"] != "done":
             lines.append(f"| {name} | {entry['status']}: {entry.get('error', '').strip().splitlines()[-1:]} "
@@ -672,6 +712,9 @@ def plan(run: Run, models: Path) -> tuple[list[Job], dict[str, list[Job]], list[
     if run.models["kimi_k25"]:
         k25 = [job("k25_base", "kimi-k25", None, None, "k25"),
                *[job(f"k25_{style}_k{a.k25_k}", "kimi-k25", style, a.k25_k, "k25") for style in a.k25_styles]]
+        if a.k25_images:
+            for j in k25:
+                j.images = {"prompt": K25_IMAGE_PROMPT, "colors": IMAGE_COLORS[:a.k25_images]}
     run.spec_names = {j.name for jobs in styles.values() for j in jobs} | {j.name for j in k25 if j.spec}
     run.planned = {base.name} | run.spec_names | {j.name for j in k25}
     return [base], styles, k25
@@ -690,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--styles", nargs="+", default=["llama", "mla"])
     parser.add_argument("--k25-k", type=int, default=3)
     parser.add_argument("--k25-styles", nargs="*", default=["llama"])
+    parser.add_argument("--k25-images", type=int, default=4, help="image requests in the Kimi-K2.5 runs (0: none)")
     parser.add_argument("--serve-k", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--no-serve", dest="serve", action="store_false")
@@ -698,6 +742,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-timeout-s", type=float, default=240)
     parser.add_argument("--min-job-s", type=float, default=45, help="a run starts only with this much budget left")
     parser.add_argument("--grace-s", type=float, default=30, help="a running engine may overrun the budget by this")
+    parser.add_argument("--engines-per-process", dest="fresh_process", action="store_false",
+                        help="run a lane's engines one after the other in one worker process (default: one process "
+                             "per engine)")
     parser.add_argument("--mla-backend", default=None, help="force the MLA attention backend (e.g. TRITON_MLA)")
     parser.add_argument("--no-fallback", dest="fallback", action="store_false",
                         help="do not retry a failed baseline with the Triton MLA backend")
@@ -765,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
             k25_state["fallback_used"] = True
             for j in k25:
                 j.engine.update(K25_FALLBACK)
+                j.images = None
             log("k25_base failed with the vision tower profiled; the Kimi-K2.5 runs go on text-only")
             return Job(job.name, job.target, job.spec, {**job.engine, **K25_FALLBACK}, job.group, job.timeout_s)
         return None

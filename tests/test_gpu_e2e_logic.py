@@ -72,6 +72,7 @@ def test_code_prompts_are_deterministic_real_code_of_bounded_length(tmp_path: Pa
 
 def _run(tmp_path: Path, **overrides) -> gpu_e2e.Run:
     args = argparse.Namespace(budget_s=100, min_job_s=1, grace_s=1, job_timeout_s=30, tokens=3, lanes=1,
+                              fresh_process=False,
                               scratch=tmp_path, cpu_smoke=False, small=False, command="test", date="now", serve_k=3)
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -84,7 +85,8 @@ def _run(tmp_path: Path, **overrides) -> gpu_e2e.Run:
 def _done(tokens: list[list[int]], drafts: float = 0, eager: bool = False) -> dict:
     return {"tokens": tokens, "counters": {"num_drafts": drafts, "num_draft_tokens": 3 * drafts,
                                            "num_accepted_tokens": 0, "accepted_per_pos": []},
-            "engine": {"enforce_eager": eager, "cudagraph_mode": "FULL_AND_PIECEWISE"}, "vllm_version": "0.26.0+kimi.1.cuda",
+            "engine": {"enforce_eager": eager, "cudagraph_mode": "FULL_AND_PIECEWISE"},
+            "vllm_version": "0.26.0+kimi.1.cuda",
             "device": {"name": "NVIDIA H200", "memory_gib": 139.8, "capability": "9.0", "cuda": "13.0"},
             "start_s": 30, "generate_s": 1.0, "tokens_per_s": 6.0}
 
@@ -142,6 +144,30 @@ def test_a_lane_replaces_a_hung_worker_and_goes_on(tmp_path: Path, monkeypatch: 
     status = {name: o.status for name, o in run.outcomes.items()}
     assert status == {"first": "done", "hangs": "timeout", "fails": "error", "last": "done"}
     assert "ValueError: bad" in run.outcomes["fails"].error
+
+
+def test_one_process_per_engine_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = []
+    real_popen = gpu_e2e.subprocess.Popen
+
+    def popen(cmd, **kw):
+        jobs = json.loads(Path(cmd[3]).read_text())["jobs"]
+        starts.append([j["name"] for j in jobs])
+        events = Path(cmd[4])
+        for job in jobs:
+            with open(events, "a") as fh:
+                fh.write(json.dumps({"event": "start", "job": job["name"]}) + "\n")
+                fh.write(json.dumps({"event": "done", "job": job["name"], "tokens": [[1]], "engine": {},
+                                     "counters": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0},
+                                     "start_s": 0, "generate_s": 1, "tokens_per_s": 1, "vllm_version": "v",
+                                     "device": {}}) + "\n")
+        return real_popen([sys.executable, "-c", "pass"], **kw)
+
+    monkeypatch.setattr(gpu_e2e.subprocess, "Popen", popen)
+    run = _run(tmp_path, fresh_process=True)
+    gpu_e2e.run_lane(run, "A", [gpu_e2e.Job(name, "t", None, {}, "target", 3) for name in ("a", "b", "c")])
+    assert starts == [["a"], ["b"], ["c"]]
+    assert {o.status for o in run.outcomes.values()} == {"done"}
 
 
 def test_runs_past_the_budget_are_skipped(tmp_path: Path) -> None:

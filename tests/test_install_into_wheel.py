@@ -60,8 +60,8 @@ def test_the_mainline_series_goes_onto_the_installed_cuda_wheel(wheel: Path, tmp
     assert "(not installed)" in result.stdout
     for build_file in ("setup.py", "pyproject.toml", "requirements/cpu.txt"):
         assert build_file in result.stdout  # named as skipped
-    version = subprocess.run([sys.executable, "-c", "import runpy, sys; "
-                              "print(runpy.run_path(sys.argv[1])['__version__'])", str(site / "vllm/_version.py")],
+    read = "import runpy, sys; print(runpy.run_path(sys.argv[1])['__version__'])"
+    version = subprocess.run([sys.executable, "-c", read, str(site / "vllm/_version.py")],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert version == f"{pin.fork_version}.cuda"
 
