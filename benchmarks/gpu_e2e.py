@@ -148,7 +148,7 @@ def _device() -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         out.update(name=torch.cuda.get_device_name(0), memory_gib=round(props.total_memory / 2**30, 1),
-                   capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
+                   capability=f"{props.major}{props.minor}", cuda=torch.version.cuda,
                    count=torch.cuda.device_count())
     else:
         out.update(name=f"CPU: {_cpu_name()}", cuda=None, count=0)
@@ -580,7 +580,8 @@ def summarize(run: Run) -> dict:
                         images = compare(r["image_tokens"], ref_images)
                         text = lossless[name]
                         lossless[name] = {"identical": text["identical"] + images["identical"],
-                                          "total": text["total"] + images["total"], "text": text, "images": images}
+                                          "total": text["total"] + images["total"],
+                                          "token_match": text["token_match"], "text": text, "images": images}
         else:
             entry["error"] = outcome.error[-1500:]
         runs[name] = entry
@@ -609,6 +610,8 @@ def summarize(run: Run) -> dict:
         checks["k25_multimodal"] = bool(k25_runs) and all(o.result.get("image_tokens") for o in k25_runs)
     if run.args.cpu_smoke:
         checks.pop("cuda_graphs")
+    if not getattr(run.args, "serve", True):
+        checks.pop("serve_ok")
     return {
         "device": (f"{device.get('name')} ({device.get('memory_gib')} GiB, sm_{device.get('capability')})"
                    if device.get("cuda") else device.get("name")),
