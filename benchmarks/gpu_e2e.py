@@ -279,6 +279,7 @@ class Run:
         self.models: dict = {}
         self.lock = threading.Lock()
         self.variant: dict = {}
+        self.errors: list[str] = []
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -289,7 +290,24 @@ class Run:
     def record(self, outcome: Outcome) -> None:
         with self.lock:
             self.outcomes[outcome.name] = outcome
-            write_results(self)
+        self.save()
+
+    def save(self) -> None:
+        with self.lock:
+            try:
+                write_results(self)
+            except Exception:  # never lose a lane for a report: the final write says more
+                log(f"writing the results failed:\n{traceback.format_exc()}")
+
+
+def guarded(run: Run, what: str, fn, *args) -> None:
+    """Run a lane's body; an error of the orchestrator itself is logged and its runs marked, not raised."""
+    try:
+        fn(*args)
+    except Exception:
+        text = traceback.format_exc()
+        log(f"{what}: orchestrator error:\n{text}")
+        run.errors.append(f"{what}: {text[-2000:]}")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -499,7 +517,10 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
         def ask(ids: list[int]) -> tuple[int, dict | str]:
             body = {"model": str(models / "target"), "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
                     "ignore_eos": True, "return_token_ids": True}
-            status, text = _http(f"{base}/v1/completions", body, timeout=180)
+            try:
+                status, text = _http(f"{base}/v1/completions", body, timeout=180)
+            except OSError as exc:  # timeout, connection reset: an unanswered request
+                return 0, repr(exc)
             try:
                 return status, json.loads(text)
             except ValueError:
@@ -519,7 +540,10 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
             if ids is not None and baseline is not None:
                 same += list(ids) == baseline[i][:max_tokens]
             details.append({"status": status, "ok": good, "text": (choice.get("text") or str(reply))[:80]})
-        status, metrics = _http(f"{base}/metrics", timeout=30)
+        try:
+            status, metrics = _http(f"{base}/metrics", timeout=30)
+        except OSError as exc:
+            status, metrics = 0, repr(exc)
         counters = _prometheus_counters(metrics) if status == 200 else {}
         result.update(answered=answered, identical_to_offline=same if baseline is not None else None,
                       max_tokens=max_tokens, counters=counters, replies=details)
@@ -612,6 +636,8 @@ def summarize(run: Run) -> dict:
         checks.pop("cuda_graphs")
     if not getattr(run.args, "serve", True):
         checks.pop("serve_ok")
+    if run.errors:
+        checks["orchestrator_ok"] = False
     return {
         "device": (f"{device.get('name')} ({device.get('memory_gib')} GiB, sm_{device.get('capability')})"
                    if device.get("cuda") else device.get("name")),
@@ -632,6 +658,7 @@ def summarize(run: Run) -> dict:
                      "lanes": run.args.lanes, "budget_s": run.args.budget_s, "profile":
                      "cpu-smoke" if run.args.cpu_smoke else ("small" if run.args.small else "full")},
         "models": run.models,
+        "orchestrator_errors": run.errors,
         "seconds": round(run.elapsed(), 1),
     }
 
@@ -804,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
         return None
 
     log(f"phase 1: the baseline ({len(run.prompts)} prompts x {args.tokens} tokens)")
-    run_lane(run, "base", first, on_error=base_failed)
+    guarded(run, "lane base", run_lane, run, "base", first, base_failed)
     base = run.outcomes.get("base")
     baseline = base.result["tokens"] if base and base.status == "done" else None
 
@@ -826,17 +853,20 @@ def main(argv: list[str] | None = None) -> int:
     for i, jobs in enumerate(styles.values()):
         merged.setdefault(chr(ord("A") + i % max(1, n_lanes - 1)), []).extend(jobs)
 
+    def serve() -> None:
+        run.serve = run_serve(run, models, baseline)
+        run.save()
+
     def last_lane() -> None:
         if args.serve:
-            run.serve = run_serve(run, models, baseline)
-            write_results(run)
+            guarded(run, "serve", serve)
         if k25:
-            run_lane(run, "k25", k25, on_error=k25_failed)
+            guarded(run, "lane k25", run_lane, run, "k25", k25, k25_failed)
 
     log(f"phase 2: {', '.join(f'lane {n}: {[j.name for j in js]}' for n, js in merged.items())}; "
         f"last lane: {'serve, ' if args.serve else ''}{[j.name for j in k25]}")
-    threads = [threading.Thread(target=run_lane, args=(run, name, jobs), name=f"lane-{name}")
-               for name, jobs in merged.items()]
+    threads = [threading.Thread(target=guarded, args=(run, f"lane {name}", run_lane, run, name, jobs),
+                                name=f"lane-{name}") for name, jobs in merged.items()]
     if n_lanes == 1:
         for t in threads:
             t.start()

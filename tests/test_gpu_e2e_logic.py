@@ -87,7 +87,7 @@ def _done(tokens: list[list[int]], drafts: float = 0, eager: bool = False) -> di
                                            "num_accepted_tokens": 0, "accepted_per_pos": []},
             "engine": {"enforce_eager": eager, "cudagraph_mode": "FULL_AND_PIECEWISE"},
             "vllm_version": "0.26.0+kimi.1.cuda",
-            "device": {"name": "NVIDIA H200", "memory_gib": 139.8, "capability": "9.0", "cuda": "13.0"},
+            "device": {"name": "NVIDIA H200", "memory_gib": 139.8, "capability": "90", "cuda": "13.0"},
             "start_s": 30, "generate_s": 1.0, "tokens_per_s": 6.0}
 
 
@@ -174,3 +174,15 @@ def test_runs_past_the_budget_are_skipped(tmp_path: Path) -> None:
     run = _run(tmp_path, budget_s=0, min_job_s=5)
     gpu_e2e.run_lane(run, "A", [gpu_e2e.Job("late", "t", None, {}, "target", 3)])
     assert run.outcomes["late"].status == "skipped" and "time budget" in run.outcomes["late"].error
+
+
+def test_an_orchestrator_error_in_a_lane_is_reported_not_raised(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+
+    def broken() -> None:
+        raise RuntimeError("lane bug")
+
+    gpu_e2e.guarded(run, "lane X", broken)
+    summary = gpu_e2e.write_results(run)
+    assert "RuntimeError: lane bug" in summary["orchestrator_errors"][0]
+    assert summary["checks"]["orchestrator_ok"] is False and summary["passed"] is False
