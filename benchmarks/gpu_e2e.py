@@ -369,15 +369,19 @@ def run_lane(run: Run, lane: str, jobs: list[Job], on_error=None) -> None:
                                     env=_worker_env(run, lane), cwd=ROOT, start_new_session=True)
         seen = 0
         current: Job | None = None
+        started_any = False
         began = time.monotonic()
         try:
             while True:
-                events = events_path.read_text().splitlines() if events_path.exists() else []
+                exited = proc.poll() is not None  # before reading: a worker writes its events before it exits
+                text = events_path.read_text() if events_path.exists() else ""
+                events = text.split("\n")[:-1]  # complete lines only
+                restart = False
                 for line in events[seen:]:
                     event = json.loads(line)
                     job = next(j for j in remaining if j.name == event["job"])
                     if event["event"] == "start":
-                        current, began = job, time.monotonic()
+                        current, began, started_any = job, time.monotonic(), True
                         log(f"{job.name}: starting (lane {lane})")
                         continue
                     remaining.remove(job)
@@ -389,37 +393,45 @@ def run_lane(run: Run, lane: str, jobs: list[Job], on_error=None) -> None:
                         log(f"{job.name}: done in {seconds:.0f} s (engine start {event['start_s']:.0f} s, "
                             f"{event['tokens_per_s']} tok/s, drafts {c['num_drafts']:.0f}, accepted "
                             f"{c['num_accepted_tokens']:.0f}/{c['num_draft_tokens']:.0f})")
-                    else:
-                        error = event["error"].strip().splitlines()[-1]
-                        log(f"{job.name}: FAILED after {seconds:.0f} s: {error}")
-                        replacement = on_error(job, event["error"]) if on_error else None
-                        if replacement is not None:
-                            log(f"{job.name}: trying again with {json.dumps(replacement.engine)}")
-                            remaining.insert(0, replacement)
-                            _kill(proc)  # the next worker takes the remaining jobs with the new settings
-                            break
-                        run.record(Outcome(job.name, "error", error=event["error"], seconds=seconds))
+                        continue
+                    error = event["error"].strip().splitlines()[-1]
+                    log(f"{job.name}: FAILED after {seconds:.0f} s: {error}")
+                    replacement = on_error(job, event["error"]) if on_error else None
+                    if replacement is not None:
+                        log(f"{job.name}: trying again with {json.dumps(replacement.engine)}")
+                        remaining.insert(0, replacement)
+                        restart = True  # the next worker takes the remaining jobs with the new settings
+                        break
+                    run.record(Outcome(job.name, "error", error=event["error"], seconds=seconds))
                 seen = len(events)
-                if proc.poll() is not None:
-                    if current is not None:
-                        remaining.remove(current)
-                        run.record(Outcome(current.name, "error", seconds=round(time.monotonic() - began, 1),
+                if restart:
+                    break
+                if exited:
+                    failed = current or (None if started_any else batch[0])
+                    if failed is not None and failed in remaining:
+                        remaining.remove(failed)
+                        run.record(Outcome(failed.name, "error", seconds=round(time.monotonic() - began, 1),
                                            error=f"worker exited with status {proc.returncode}:\n"
                                                  f"{_tail(log_path)}"))
-                        log(f"{current.name}: FAILED (worker exited with status {proc.returncode})")
+                        log(f"{failed.name}: FAILED (worker exited with status {proc.returncode})")
                     break
                 if current is not None:
                     limit = min(current.timeout_s, run.left() + run.args.grace_s)
                     if time.monotonic() - began > limit:
-                        _kill(proc)
                         remaining.remove(current)
                         why = "time budget" if run.left() + run.args.grace_s < current.timeout_s else "timeout"
+                        _kill(proc)
                         run.record(Outcome(current.name, "timeout", seconds=round(time.monotonic() - began, 1),
                                            error=f"{why} after {limit:.0f} s:\n{_tail(log_path)}"))
                         log(f"{current.name}: KILLED ({why} after {limit:.0f} s)")
                         break
-                elif time.monotonic() - began > run.args.job_timeout_s + 60:
-                    _kill(proc)  # a worker that never starts its first job
+                elif not started_any and time.monotonic() - began > min(run.args.job_timeout_s,
+                                                                        run.left() + run.args.grace_s):
+                    remaining.remove(batch[0])  # a worker that never starts its first job
+                    _kill(proc)
+                    run.record(Outcome(batch[0].name, "timeout", error=f"the worker did not start it:\n"
+                                                                      f"{_tail(log_path)}"))
+                    log(f"{batch[0].name}: KILLED (its worker did not start it)")
                     break
                 time.sleep(0.5)
         finally:

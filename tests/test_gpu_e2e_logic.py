@@ -120,7 +120,11 @@ def test_a_lane_replaces_a_hung_worker_and_goes_on(tmp_path: Path, monkeypatch: 
         "import json, sys, time\n"
         "spec = json.load(open(sys.argv[2]))\n"
         "for job in spec['jobs']:\n"
+        "    if job['name'] == 'no_import':\n"
+        "        sys.exit(1)\n"
         "    open(sys.argv[3], 'a').write(json.dumps({'event': 'start', 'job': job['name']}) + '\\n')\n"
+        "    if job['name'] == 'dies':\n"
+        "        sys.exit(3)\n"
         "    if job['name'] == 'hangs':\n"
         "        time.sleep(600)\n"
         "    if job['name'] == 'fails':\n"
@@ -137,12 +141,16 @@ def test_a_lane_replaces_a_hung_worker_and_goes_on(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(gpu_e2e.subprocess, "Popen", popen)
     run = _run(tmp_path)
-    jobs = [gpu_e2e.Job(name, "t", None, {}, "target", 3) for name in ("first", "hangs", "fails", "last")]
+    names = ("first", "hangs", "fails", "dies", "no_import", "last")
+    jobs = [gpu_e2e.Job(name, "t", None, {}, "target", 3) for name in names]
     began = time.monotonic()
     gpu_e2e.run_lane(run, "A", jobs)
     assert time.monotonic() - began < 30
     status = {name: o.status for name, o in run.outcomes.items()}
-    assert status == {"first": "done", "hangs": "timeout", "fails": "error", "last": "done"}
+    assert status == {"first": "done", "hangs": "timeout", "fails": "error", "dies": "error", "no_import": "error",
+                      "last": "done"}
+    assert "worker exited with status 3" in run.outcomes["dies"].error
+    assert "worker exited with status 1" in run.outcomes["no_import"].error
     assert "ValueError: bad" in run.outcomes["fails"].error
 
 
