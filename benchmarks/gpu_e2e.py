@@ -155,6 +155,12 @@ def _device() -> dict:
     return out
 
 
+def _margin(step: dict) -> float | None:
+    """Top-1 minus top-2 logprob at one position (None when fewer than two were returned)."""
+    values = sorted((lp.logprob for lp in step.values()), reverse=True)
+    return round(values[0] - values[1], 5) if len(values) > 1 else None
+
+
 def _image_run(llm, images: dict, tokens: int) -> dict:
     """Greedy decoding of one image request per color (the multimodal path of the Kimi-K2.5 wrapper)."""
     try:
@@ -184,7 +190,10 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
     started = time.monotonic() - t0
     try:
         info = _engine_info(llm)
-        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+        # a baseline also keeps its top-2 logprobs: the margin where a run parts from it tells a near-tie
+        # flipped by numerics from a real difference
+        top = 2 if job["spec"] is None else None
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False, logprobs=top)
         warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False)
         # warm-up on other token sequences: no prefix-cache hits for the measured prompts
         llm.generate([{"prompt_token_ids": p[::-1]} for p in prompts[:2]], warm, use_tqdm=False)
@@ -208,7 +217,10 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
     counters["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pos_before, strict=False)]
     out_tokens = [list(o.outputs[0].token_ids) for o in outputs]
     generated = sum(len(t) for t in out_tokens)
+    margins = [[_margin(step) for step in (o.outputs[0].logprobs or [])] for o in outputs] \
+        if job["spec"] is None else None
     return {"tokens": out_tokens, "counters": counters, "engine": info, "vllm_version": vllm.__version__, **images,
+            "margins": margins,
             "device": _device(), "start_s": round(started, 1), "generate_s": round(seconds, 3),
             "tokens_per_s": round(generated / seconds, 1) if seconds else None}
 
@@ -575,15 +587,23 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
 
 # -- results -------------------------------------------------------------------------------------------------
 
-def compare(a: list[list[int]], b: list[list[int]]) -> dict:
-    """How many sequences of ``a`` equal those of ``b`` (the baseline), the token match and where they part."""
+def compare(a: list[list[int]], b: list[list[int]], margins: list[list[float | None]] | None = None) -> dict:
+    """How many sequences of ``a`` equal those of ``b`` (the baseline), the token match and where they part.
+
+    ``margins`` (the baseline's top-1 minus top-2 logprob per position) gives, for each sequence that parts,
+    the baseline's margin at that position: a near-tie (a few hundredths) is a flip by numerics.
+    """
     pairs = list(zip(a, b, strict=True))
     total_tokens = sum(len(y) for y in b)
     matched = sum(p == q for x, y in pairs for p, q in zip(x, y, strict=False))
     first = [next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None) for x, y in pairs]
-    return {"identical": sum(x == y for x, y in pairs), "total": len(b),
-            "token_match": round(matched / total_tokens, 4) if total_tokens else None,
-            "first_divergence": [f for f in first if f is not None]}
+    out = {"identical": sum(x == y for x, y in pairs), "total": len(b),
+           "token_match": round(matched / total_tokens, 4) if total_tokens else None,
+           "first_divergence": [f for f in first if f is not None]}
+    if margins:
+        out["divergence_margins"] = [margins[i][f] if f < len(margins[i]) else None
+                                     for i, f in enumerate(first) if f is not None]
+    return out
 
 
 BASELINES = {"target": "base", "k25": "k25_base"}
@@ -609,7 +629,7 @@ def summarize(run: Run) -> dict:
                 c["mean_acceptance_length"] = round(1 + c["num_accepted_tokens"] / c["num_drafts"], 3) \
                     if c["num_drafts"] else None
                 if base in done:
-                    lossless[name] = compare(r["tokens"], done[base].result["tokens"])
+                    lossless[name] = compare(r["tokens"], done[base].result["tokens"], done[base].result.get("margins"))
                     ref_images = done[base].result.get("image_tokens")
                     if ref_images and r.get("image_tokens"):
                         # the multimodal requests count as sequences of this run too
@@ -641,7 +661,7 @@ def summarize(run: Run) -> dict:
         "fork_version": bool(first) and "+kimi." in first.result["vllm_version"],
     }
     k25_runs = [o for n, o in done.items() if n.startswith("k25")]
-    if run.models.get("kimi_k25") and getattr(run.args, "k25_images", 0):
+    if run.models.get("kimi_k25") and getattr(run.args, "k25", True) and getattr(run.args, "k25_images", 0):
         # the wrapper's multimodal path ran: every Kimi-K2.5 run answered its image requests
         checks["k25_multimodal"] = bool(k25_runs) and all(o.result.get("image_tokens") for o in k25_runs)
     if run.args.cpu_smoke:
@@ -698,7 +718,10 @@ def write_results(run: Run) -> dict:
             continue
         ll = summary["lossless"].get(name, {})
         c = summary["spec_counters"].get(name, {})
-        lines.append(f"| {name} | {ll.get('identical', '-')} / {ll.get('total', '-')} | {ll.get('token_match', '-')} "
+        margins = ll.get("divergence_margins") or ll.get("text", {}).get("divergence_margins")
+        note = f" (baseline margin where they part: {', '.join(map(str, margins[:3]))})" if margins else ""
+        same = f"{ll.get('identical', '-')} / {ll.get('total', '-')}{note}"
+        lines.append(f"| {name} | {same} | {ll.get('token_match', '-')} "
                      f"| {c.get('num_drafts', '-')} | {c.get('num_draft_tokens', '-')} | "
                      f"{c.get('num_accepted_tokens', '-')} | {c.get('mean_acceptance_length', '-')} | "
                      f"{entry['start_s']} | {entry['tokens_per_s']} |")
@@ -751,7 +774,7 @@ def plan(run: Run, models: Path) -> tuple[list[Job], dict[str, list[Job]], list[
     base = job("base", "target", None, None)
     styles = {style: [job(f"{style}_k{k}", "target", style, k) for k in a.ks] for style in a.styles}
     k25 = []
-    if run.models["kimi_k25"]:
+    if run.models["kimi_k25"] and a.k25:
         k25 = [job("k25_base", "kimi-k25", None, None, "k25"),
                *[job(f"k25_{style}_k{a.k25_k}", "kimi-k25", style, a.k25_k, "k25") for style in a.k25_styles]]
         if a.k25_images:
@@ -776,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k25-k", type=int, default=3)
     parser.add_argument("--k25-styles", nargs="*", default=["llama"])
     parser.add_argument("--k25-images", type=int, default=4, help="image requests in the Kimi-K2.5 runs (0: none)")
+    parser.add_argument("--no-k25", dest="k25", action="store_false", help="leave the Kimi-K2.5 wrapper out")
     parser.add_argument("--serve-k", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--no-serve", dest="serve", action="store_false")

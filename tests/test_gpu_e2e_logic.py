@@ -24,6 +24,8 @@ def test_compare_counts_identical_sequences_and_first_divergence() -> None:
     other = [[1, 2, 3], [4, 0, 6], [0, 8, 9]]
     assert gpu_e2e.compare(other, base) == {"identical": 1, "total": 3, "token_match": round(7 / 9, 4),
                                            "first_divergence": [1, 0]}
+    margins = [[2.0, 1.5, 1.0], [3.0, 0.01, 2.0], [0.02, 1.0, 1.0]]
+    assert gpu_e2e.compare(other, base, margins)["divergence_margins"] == [0.01, 0.02]
 
 
 def test_prometheus_counters_sum_label_sets_and_accept_total_suffix() -> None:
