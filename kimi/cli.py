@@ -27,6 +27,9 @@ drafter training (each stage resumable; kimi train STAGE --help):
   kimi train regenerate|capture|vocab|train|export|report --work DIR --target TARGET
   kimi models train-pair     the trained reference pair in .kimi/models/trained
 
+onto an installed vLLM (GPU hosts):
+  kimi install-into SITE_PACKAGES [--check | --uninstall]
+
 drafters (EAGLE-3 checkpoints):
   kimi drafter inspect DIR --target TARGET [--json]
   kimi drafter convert SRC DST [--target TARGET]
@@ -391,6 +394,34 @@ def _add_rebase_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_rebase)
 
 
+def _cmd_install_into(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.fork.install_into import install_into
+
+    return install_into(args.site, args.line, check=args.check, force=args.force, uninstall=args.uninstall,
+                        layout=layout)
+
+
+def _add_install_into_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "install-into", help="apply the patch series to a pip-installed vLLM of the pinned release",
+        description="Put the fork onto an installed vLLM (site-packages, or a `pip install --target` folder): the "
+                    "line's patches are applied to the installed vllm/ files (hunks for build-time files such as "
+                    "setup.py and requirements/ are skipped and named), vllm/_version.py says the fork's version "
+                    "(<release>+kimi.<n>.cuda), and the kimi package is copied beside vllm/. The release's files "
+                    "are kept in SITE/.kimi-fork/ so that a second run is a no-op, a run after the series changed "
+                    "updates the files, and --uninstall restores the release. Exit status of --check: 0 installed "
+                    "and current, 3 not (yet) installed or outdated, 1 a patch does not apply.")
+    p.add_argument("site", type=Path, help="folder holding the installed vllm/ and vllm-X.Y.Z.dist-info")
+    p.add_argument("--line", default=DEFAULT_LINE, help="line whose series to apply (default: %(default)s)")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--check", "--dry-run", dest="check", action="store_true",
+                        help="report what would be done and whether the fork is installed; change nothing")
+    action.add_argument("--uninstall", action="store_true", help="restore the release's files, remove kimi/")
+    p.add_argument("--force", action="store_true",
+                   help="patch installed files even where they differ from the release's RECORD digests")
+    p.set_defaults(func=_cmd_install_into)
+
+
 def _add_env_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--line", default=DEFAULT_LINE, help="line to lay (default: %(default)s)")
     parser.add_argument("--venv", type=Path, default=None, help="virtual environment (default: ROOT/.venv)")
@@ -464,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_test)
 
     _add_rebase_command(sub)
+    _add_install_into_command(sub)
     _add_drafter_commands(sub)
     _add_models_commands(sub)
     _add_kernels_commands(sub)

@@ -1,0 +1,94 @@
+"""benchmarks/gpu_call.sh, the device command: parts stashed call by call, the kit installed once complete.
+
+The light tests use a fake kit and stop before installing. The rehearsal of the three real calls (the kit
+built by benchmarks/gpu_kit.sh in .kimi/gpu-kit, installed with a Python 3.12 like the GPU host's, the fork
+put on it with `kimi install-into`) runs with KIMI_HEAVY=1 when the kit and a python3.12 are there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "gpu_call.sh"
+
+
+def _call(repo: Path, tmp: Path, n: int, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "OUT": str(tmp / f"out{n}"), "KIMI_KIT_STASH": str(tmp / "stash"),
+            "KIMI_SITE": str(tmp / "site"), "KIMI_GPU_STEPS": "install", **env}
+    return subprocess.run(["bash", str(repo / "benchmarks" / "gpu_call.sh")], cwd=repo, env=full,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _repo_with(tmp: Path, files: dict[str, Path]) -> Path:
+    repo = tmp / "repo"
+    (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(SCRIPT, repo / "benchmarks" / "gpu_call.sh")
+    kit = repo / ".kimi" / "gpu-kit"
+    shutil.rmtree(kit, ignore_errors=True)
+    kit.mkdir(parents=True)
+    for name, src in files.items():
+        os.link(src, kit / name) if src.stat().st_dev == kit.stat().st_dev else shutil.copy2(src, kit / name)
+    return repo
+
+
+def _fake_kit(tmp: Path) -> dict[str, Path]:
+    kit = tmp / "kit"
+    kit.mkdir()
+    parts = [b"a" * 100, b"b" * 100, b"c" * 10]
+    for i, data in enumerate(parts):
+        (kit / f"part{i:02d}").write_bytes(data)
+    (kit / "SHA256").write_text(hashlib.sha256(b"".join(parts)).hexdigest() + "\n")
+    (kit / "PARTS.sha256").write_text("".join(f"{hashlib.sha256(d).hexdigest()}  part{i:02d}\n"
+                                              for i, d in enumerate(parts)))
+    return {p.name: p for p in kit.iterdir()}
+
+
+def test_parts_are_stashed_call_by_call_and_missing_or_corrupt_ones_named(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    meta = {k: v for k, v in kit.items() if not k.startswith("part")}
+    first = _call(_repo_with(tmp_path, {"part00": kit["part00"], **meta}), tmp_path, 0)
+    assert first.returncode == 0, first.stderr
+    assert "still needed part01 part02" in first.stdout
+    assert json.loads((tmp_path / "out0" / "gpu_call.json").read_text())["steps"][0]["step"] == "stash"
+    (tmp_path / "stash" / "part00").write_bytes(b"x")  # damaged in the stash
+    second = _call(_repo_with(tmp_path, {"part01": kit["part01"], **meta}), tmp_path, 1)
+    assert "corrupt parts removed: part00" in second.stdout and "still needed part02 part00" in second.stdout
+    assert not (tmp_path / "site").exists()
+
+
+@pytest.mark.skipif(os.environ.get("KIMI_HEAVY") != "1", reason="heavy: installs the real kit (~600 MB); "
+                    "set KIMI_HEAVY=1 after `bash benchmarks/gpu_kit.sh`")
+def test_rehearsal_of_the_three_device_calls_with_the_real_kit(tmp_path: Path) -> None:
+    kit_dir = ROOT / ".kimi" / "gpu-kit"
+    pyenv = sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))
+    python = (pyenv[-1] if pyenv else None) or shutil.which("python3.12")
+    if not (kit_dir / "SHA256").is_file() or not python:
+        pytest.skip("needs .kimi/gpu-kit (bash benchmarks/gpu_kit.sh) and a python3.12")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    shutil.rmtree(clone / "kimi")
+    shutil.copytree(ROOT / "kimi", clone / "kimi", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(SCRIPT, clone / "benchmarks" / "gpu_call.sh")
+    meta = {n: kit_dir / n for n in ("SHA256", "PARTS.sha256") if (kit_dir / n).is_file()}
+    parts = sorted(p for p in kit_dir.glob("part*"))
+    for n, part in enumerate(parts):
+        kit = clone / ".kimi" / "gpu-kit"
+        shutil.rmtree(kit, ignore_errors=True)
+        kit.mkdir(parents=True)
+        for name, src in {part.name: part, **meta}.items():
+            os.link(src, kit / name)
+        result = _call(clone, tmp_path, n, KIMI_PYTHON=str(python))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "vllm/_version.py says 0.26.0+kimi.1.cuda" in result.stdout, result.stdout[-3000:]
+    assert (tmp_path / "site" / "kimi" / "drafter" / "serving.py").is_file()
+    again = _call(clone, tmp_path, 9, KIMI_PYTHON=str(python))
+    assert "kit already installed" in again.stdout and "nothing to do" in again.stderr + again.stdout
