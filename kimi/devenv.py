@@ -205,11 +205,13 @@ def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str 
                 {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))},
                 layout.root)
     tests = "tests" if line == DEFAULT_LINE else f"tests/{line}"
-    _step(f"running pytest on {tests}/" + ("" if line == DEFAULT_LINE else f" in {layout.root}"))
+    named = [a for a in pytest_args or [] if a.startswith("tests/")]  # tests named: run just those
+    _step(f"running pytest on {', '.join(named) if named else tests + '/'}"
+          + ("" if line == DEFAULT_LINE else f" in {layout.root}"))
     env = {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": kernels_mode(kernels),
            "KIMI_CACHE_DIR": str(layout.cache)}
-    code = subprocess.run([str(python), "-m", "pytest", tests, *(pytest_args or [])], cwd=layout.root,
-                          env=env).returncode
+    code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]), *(pytest_args or [])],
+                          cwd=layout.root, env=env).returncode
     if code == PYTEST_NO_TESTS:
         print("kimi test: error: pytest collected no tests", file=sys.stderr)
         return 1

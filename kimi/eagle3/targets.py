@@ -23,6 +23,8 @@ from typing import Any
 IMAGE_TOKEN_FIELDS = ("image_token_index", "image_token_id", "media_placeholder_token_id")
 # Sub-configs searched after the top level.
 NESTED_CONFIGS = ("vision_config", "text_config")
+# Speculative methods that read the target's aux hidden states (extract_hidden_states from vLLM 0.17).
+AUX_STATE_METHODS = ("eagle3", "extract_hidden_states")
 
 
 class Eagle3TargetError(ValueError):
@@ -73,7 +75,7 @@ def image_token_id(config: Any, model_name: str = "the target model") -> int:
 
 
 def check_eagle3_target(spec_config: Any) -> None:
-    """Fail at configuration time when the target cannot serve an EAGLE-3 drafter.
+    """Fail at configuration time when the target cannot give the aux hidden states the method needs.
 
     A target can when its model class implements vLLM's ``SupportsEagle3``
     interface (``set_aux_hidden_state_layers`` /
@@ -81,8 +83,8 @@ def check_eagle3_target(spec_config: Any) -> None:
     the target's model registry (``ModelConfig.registry``), as the model
     loader will resolve it, so a new architecture needs no list edit.  A
     multimodal target must also name its image token id (``image_token_id``).
-    Nothing is checked unless ``spec_config.method`` is ``eagle3`` and a
-    target model config is set.
+    Nothing is checked unless ``spec_config.method`` is one of
+    ``AUX_STATE_METHODS`` and a target model config is set.
 
     Args:
         spec_config: vLLM's ``SpeculativeConfig`` being validated.
@@ -94,7 +96,8 @@ def check_eagle3_target(spec_config: Any) -> None:
             image token id.
     """
     target = getattr(spec_config, "target_model_config", None)
-    if getattr(spec_config, "method", None) != "eagle3" or target is None:
+    method = getattr(spec_config, "method", None)
+    if method not in AUX_STATE_METHODS or target is None:
         return
     from vllm.model_executor.models.interfaces import supports_eagle3, supports_multimodal
 
@@ -102,7 +105,7 @@ def check_eagle3_target(spec_config: Any) -> None:
     if not supports_eagle3(model_cls):
         model_type = getattr(target.hf_text_config, "model_type", None)
         raise Eagle3TargetError(
-            f"EAGLE-3 needs auxiliary hidden states from the target, and the target model class "
+            f"{method} needs auxiliary hidden states from the target, and the target model class "
             f"{model_cls.__name__} (architecture {arch}, model_type {model_type}) does not provide them: it does "
             f"not implement vLLM's SupportsEagle3 interface (set_aux_hidden_state_layers / "
             f"get_eagle3_aux_hidden_state_layers). Use a target whose class implements it, or another "

@@ -200,12 +200,10 @@ _AUX = textwrap.dedent("""
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
     from vllm.model_executor.models.interfaces import supports_eagle3
 
-    kind, folder, port = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    kind, folder, port, weights_dir = sys.argv[1], Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    id_sets, bad_sets = json.loads(sys.argv[5]), json.loads(sys.argv[6])
     config = EngineArgs(model=str(folder), skip_tokenizer_init=True, max_model_len=256, enforce_eager=True,
                         dtype="float32", gpu_memory_utilization=0.25).create_engine_config()
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
-    ensure_model_parallel_initialized(1, 1)
 
 
     class AttentionStandIn(torch.nn.Module):
@@ -214,15 +212,16 @@ _AUX = textwrap.dedent("""
 
 
     with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        ensure_model_parallel_initialized(1, 1)
         if kind == "deepseek_v3":
             from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM as cls
-            weights_file = folder / "model.safetensors"
         else:
             from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration as cls
-            weights_file = Path(sys.argv[4]) / "model.safetensors"
         model = cls(vllm_config=config)
         language = model if kind == "deepseek_v3" else model.language_model
-        weights = load_file(weights_file)
+        weights = load_file(weights_dir / "model.safetensors")
         language.load_weights((k, v) for k, v in weights.items() if ".self_attn." not in k)
         layers = language.model.layers
         for layer in layers:
@@ -246,7 +245,7 @@ _AUX = textwrap.dedent("""
         with set_forward_context(None, config), torch.no_grad():
             plain = model(input_ids=ids, positions=positions)
             report["plain_is_tensor"] = isinstance(plain, torch.Tensor)
-            for ids_set in ((2, 4, 6), (0, 3, 7)):
+            for ids_set in map(tuple, id_sets):
                 model.set_aux_hidden_state_layers(ids_set)
                 hidden, aux = model(input_ids=ids, positions=positions)
                 report[str(ids_set)] = {
@@ -255,37 +254,51 @@ _AUX = textwrap.dedent("""
                     "distinct": float(min((aux[0] - aux[1]).abs().max(), (aux[1] - aux[2]).abs().max())),
                     "final_vs_plain": float((hidden - plain).abs().max()),
                 }
-        for bad in ((2, 2, 5), (2, 4, 8)):
+        report["errors"] = []
+        for bad in map(tuple, bad_sets):
             try:
                 model.set_aux_hidden_state_layers(bad)
             except ValueError as exc:
-                report.setdefault("errors", []).append(str(exc))
+                report["errors"].append(str(exc))
     print(json.dumps(report))
 """)
 
 
-def check_aux_report(report: dict, hidden: int) -> None:
-    assert report["supports_eagle3"] is True and report["plain_is_tensor"] is True
-    assert report["defaults"] == [2, 4, 5]  # vLLM's (2, L // 2, L - 3) for the 8-layer target
-    for ids in ("(2, 4, 6)", "(0, 3, 7)"):
-        got = report[ids]
-        assert got["shapes"] == [[20, hidden]] * 3, ids
-        assert max(got["max_abs_diff"]) == 0.0, ids  # exactly the stream entering each requested layer
-        assert got["distinct"] > 0.0 and got["final_vs_plain"] == 0.0, ids
-    assert report["errors"] == [
-        "EAGLE-3 aux layer ids [2, 2, 5] repeat a layer; each id gives one state",
-        "EAGLE-3 aux layer ids [2, 4, 8]: [8] are not layers of this 8-layer target (valid: 0..7)"]
+def aux_report(kind: str, folder: Path, port: int, weights: Path, id_sets: list, bad_sets: list = ()) -> dict:
+    return run_script(_AUX, kind, folder, port, weights, json.dumps(id_sets), json.dumps(list(bad_sets)))
+
+
+def check_states(report: dict, ids: str, hidden: int) -> None:
+    """Three ``[num_tokens, hidden]`` states, exactly the streams entering the requested layers."""
+    got = report[ids]
+    assert got["shapes"] == [[20, hidden]] * 3, ids
+    assert max(got["max_abs_diff"]) == 0.0, ids
+    assert got["distinct"] > 0.0 and got["final_vs_plain"] == 0.0, ids  # capturing leaves the output alone
 
 
 def test_deepseek_v3_module_returns_three_aux_states(reference: Path) -> None:
     """Upstream 0.16.0: DeepseekV3ForCausalLM has no set_aux_hidden_state_layers (AttributeError) and
     vLLM's runner stops with "Model does not support EAGLE3 interface"."""
-    report = run_script(_AUX, "deepseek_v3", reference / "target", 29531)
-    check_aux_report(report, hidden=256)
+    report = aux_report("deepseek_v3", reference / "target", 29531, reference / "target", [[2, 4, 6]])
+    assert report["supports_eagle3"] is True and report["plain_is_tensor"] is True
+    assert report["defaults"] == [2, 4, 5]  # vLLM's (2, L // 2, L - 3) for the 8-layer target
+    check_states(report, "(2, 4, 6)", hidden=256)
+
+
+def test_aux_states_from_layer_zero_and_checked_ids(reference: Path) -> None:
+    """Fork-only: id 0 is the embeddings (upstream 0.18.0 adds None to a tensor there), and ids that
+    would give fewer states than the drafter takes are refused when they are set."""
+    report = aux_report("deepseek_v3", reference / "target", 29533, reference / "target", [[0, 3, 7]],
+                        [[2, 2, 5], [2, 4, 8]])
+    check_states(report, "(0, 3, 7)", hidden=256)
+    assert report["errors"] == [
+        "EAGLE-3 aux layer ids [2, 2, 5] repeat a layer; each id gives one state",
+        "EAGLE-3 aux layer ids [2, 4, 8]: [8] are not layers of this 8-layer target (valid: 0..7)"]
 
 
 def test_kimi_k25_delegates_to_its_language_model(tmp_path: Path, reference: Path) -> None:
-    """A Kimi-K2.5 wrapper (tiny vision tower) around the reference target's language model."""
+    """A Kimi-K2.5 wrapper (tiny vision tower) around the reference target's language model.
+    Upstream 0.16.0: no get_eagle3_aux_hidden_state_layers on KimiK25ForConditionalGeneration."""
     text = json.loads((reference / "target" / "config.json").read_text())
     text["model_type"] = "kimi_k2"
     folder = tmp_path / "kimi-k25"
@@ -296,5 +309,7 @@ def test_kimi_k25_delegates_to_its_language_model(tmp_path: Path, reference: Pat
         "vision_config": {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                           "intermediate_size": 128, "patch_size": 14, "init_pos_emb_height": 8,
                           "init_pos_emb_width": 8}}))
-    report = run_script(_AUX, "kimi_k25", folder, 29532, reference / "target")
-    check_aux_report(report, hidden=256)
+    report = aux_report("kimi_k25", folder, 29532, reference / "target", [[2, 4, 6]])
+    assert report["supports_eagle3"] is True and report["plain_is_tensor"] is True
+    assert report["defaults"] == [2, 4, 5]
+    check_states(report, "(2, 4, 6)", hidden=256)

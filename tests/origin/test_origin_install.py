@@ -1,4 +1,4 @@
-"""The origin line's install (`python3 -m kimi test --line origin`): vLLM 0.16.0 with the series, on CPU.
+"""The origin line's install (`python3 -m kimi test --line origin`): its vLLM (0.16.0) with the series, on CPU.
 
 Patch 0001 (precompiled build) and 0002 (CPU torch from the package index) are what this install
 needs; the mainline's CLI-help patch is not carried: with the CPU kernels the version says `cpu`,
@@ -29,8 +29,8 @@ def test_vllm_is_the_laid_origin_tree() -> None:
     import vllm
 
     assert Path(vllm.__file__).resolve() == (ROOT / "vllm" / "__init__.py").resolve()
-    assert vllm.__version__ == f"{PIN.fork_version}.cpu" == "0.16.0+kimi.1.cpu"
-    assert torch.__version__.split("+")[0] == PIN.torch == "2.10.0"
+    assert vllm.__version__ == f"{PIN.fork_version}.cpu"
+    assert torch.__version__.split("+")[0] == PIN.torch
 
 
 def test_cpu_kernels_come_from_the_pinned_wheel_and_run() -> None:
@@ -57,4 +57,4 @@ def test_vllm_help_and_version_without_the_cli_patch() -> None:
         result = subprocess.run([str(BIN / cmd[0]), *cmd[1:]], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, (cmd, result.stderr[-2000:])
     version = subprocess.run([str(BIN / "vllm"), "--version"], capture_output=True, text=True, timeout=300)
-    assert version.stdout.strip().endswith("0.16.0+kimi.1.cpu")
+    assert version.stdout.strip().endswith(f"{PIN.fork_version}.cpu")
