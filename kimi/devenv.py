@@ -117,9 +117,11 @@ def _build_requirements(root: Path, mode: str) -> Path:
 
 
 def _install_key(layout: Layout, mode: str) -> str:
-    """Identifies an install: the synced state (release, series, line) and the kernels mode."""
+    """Identifies an install: the synced state (release, series, line), the kernels mode and the checkout
+    (an editable install points at one; a venv given with --venv may have served another)."""
     state = json.loads(layout.state_file.read_text())
-    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode], sort_keys=True)
+    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode, str(layout.root.resolve())],
+                       sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
