@@ -1,22 +1,37 @@
 """Replay the fork's patch series over real upstream history and record what happens.
 
-Each step runs in a fresh temporary copy of this checkout (the working
-checkout is not touched): ``kimi sync`` of the line, then
-``kimi rebase --to NEXT --dry-run``.  The per-step reports (applied,
-absorbed with the release, conflicts with files and marker lines) are
-collected into ``benchmarks/results/rebase.json`` and ``rebase.md``, with the
-command, the date and the machine.
+Everything runs in fresh temporary copies of this checkout (the working
+checkout is not touched).
 
-Steps run: the lines present in ``kimi/lines`` among ``STEPS``.
+* The origin line is taken 0.16.0 -> 0.17.0 -> 0.18.0, each step starting from
+  the previous step's result: ``kimi sync``, then a real ``kimi rebase --to``
+  (not a dry run: the next step needs the rebased series).  A conflict is
+  resolved with the port kept in ``benchmarks/rebase_ports/<line>-<release>/``
+  (the patch as a maintainer rewrote it for that release: the patch's files
+  are reset to the new release and the port's diff applied), then
+  ``kimi rebase --continue``; a conflict without a port stops the script.
+  With ``--verify-venv VENV`` the step that drops patches declared absorbed
+  also installs the rebased line into VENV (``kimi test --line origin
+  --venv VENV``) and runs each dropped patch's ``Absorbed-check`` tests
+  against the new release - the evidence that upstream's own fix covers the
+  symptom - and then the line's other tests, whose failures name what the
+  fork did that upstream does not.
+* The mainline is dry-run onto its next release.
 
-    python benchmarks/rebase_history.py
+The per-step reports are collected into ``benchmarks/results/rebase.json`` and
+``rebase.md`` (plus each step's own report), with the command, the date and
+the machine.
+
+    python benchmarks/rebase_history.py [--verify-venv .kimi/envs/origin/.venv]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,13 +40,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-# (line, target release) in history order; the origin line's steps run once that line exists.
-STEPS = [("origin", "0.17.0"), ("origin", "0.18.0"), ("mainline", "0.33.0")]
+PORTS = ROOT / "benchmarks" / "rebase_ports"
+# Chains of (line, target releases) in history order; a chain's steps start from the previous step's result.
+CHAINS = [("origin", ["0.17.0", "0.18.0"], False), ("mainline", ["0.33.0"], True)]  # (line, releases, dry run)
 
 sys.path.insert(0, str(ROOT))
 from kimi.fork.checkout import fresh_copy  # noqa: E402
 from kimi.fork.fsutil import write_atomic, write_json_atomic  # noqa: E402
 from kimi.fork.layout import Layout  # noqa: E402
+from kimi.fork.patches import read_patch  # noqa: E402
 
 
 def _kimi(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -39,25 +56,107 @@ def _kimi(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kimi", *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
-def run_step(line: str, target: str) -> dict:
-    """Sync ``line`` in a fresh copy and dry-run its rebase onto ``target``; returns the step's record."""
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True)
+
+
+def _check(proc: subprocess.CompletedProcess[str], what: str) -> None:
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-4000:]}")
+
+
+def _resolve_with_port(copy: Path, line: str, target: str, report: dict) -> str:
+    """Resolve the conflict the rebase stopped at with the kept port; returns the port's path."""
+    conflict = report["conflicts"][-1]
+    port = PORTS / f"{line}-{target}" / f"{conflict['name']}.patch"
+    if not port.is_file():
+        raise SystemExit(f"{conflict['name']} conflicts with {target} and there is no port {port}")
+    repo = copy / ".kimi" / "rebase" / "repo"
+    patch = next(p for p in report["patches"] if p["name"] == conflict["name"])
+    _git(repo, "checkout", "HEAD", "--", *sorted(set(patch["files"]) | set(conflict["files"])))
+    subprocess.run(["git", "-C", str(repo), "apply", "-"], input=read_patch(port).diff, text=True, check=True)
+    return str(port.relative_to(ROOT))
+
+
+def _pytest_counts(output: str) -> dict:
+    """pytest's closing counts (``3 passed, 1 failed``), the failed test ids and each failure's last error
+    lines (``E ...``, at most 6 per test)."""
+    closing = output.strip().splitlines()[-1] if output.strip() else ""
+    counts = {key: int(n) for n, key in re.findall(r"(\d+) (passed|failed|skipped|error)", closing)}
+    counts["failed_tests"] = sorted(set(re.findall(r"^FAILED (\S+)", output, re.M)))
+    sections = re.split(r"^_{3,} (test_\w+) _{3,}$", output, flags=re.M)
+    counts["errors"] = {name: [line[1:].strip() for line in body.splitlines() if line.startswith("E ")][-6:]
+                        for name, body in zip(sections[1::2], sections[2::2], strict=False)}
+    return counts
+
+
+def _verify(copy: Path, venv: Path, absorbed: list[dict]) -> dict:
+    """Install the rebased line into ``venv`` and run the dropped patches' checks, then the rest."""
+    checks = sorted({t for a in absorbed for t in a.get("verify", [])})
+    started = time.monotonic()
+    run = _kimi(copy, "test", "--line", "origin", "--venv", str(venv), "--", "-q", "-rf", "-p", "no:cacheprovider",
+                *checks)
+    result = {"command": f"kimi test --line origin --venv VENV -- {' '.join(checks)}", "checks": checks,
+              "absorbed_checks": _pytest_counts(run.stdout)}
+    rest = _kimi(copy, "test", "--line", "origin", "--venv", str(venv), "--", "-q", "-rf", "-p", "no:cacheprovider",
+                 *[f"--deselect={t}" for t in checks])
+    result["other_tests"] = _pytest_counts(rest.stdout)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def run_chain(line: str, targets: list[str], dry_run: bool, verify_venv: Path | None,
+              keep: Path | None = None) -> list[dict]:
+    """Take ``line`` through ``targets`` in one fresh copy (kept at ``keep/<line>`` if given); returns one
+    record per step."""
+    steps = []
     with tempfile.TemporaryDirectory(prefix="kimi-rebase-") as tmp:
-        copy = Path(tmp) / "fork"
+        copy = keep / line if keep else Path(tmp) / "fork"
         fresh_copy(ROOT, copy)
-        synced = _kimi(copy, "sync", "--line", line)
-        if synced.returncode != 0:
-            raise SystemExit(f"kimi sync --line {line} failed:\n{synced.stderr}")
-        started = time.monotonic()
-        rebased = _kimi(copy, "rebase", "--to", target, "--dry-run")
-        if rebased.returncode != 0:
-            raise SystemExit(f"kimi rebase --to {target} --dry-run failed:\n{rebased.stderr}")
-        report = json.loads((copy / ".kimi" / "rebase" / "report.json").read_text())
-        markdown = (copy / ".kimi" / "rebase" / "report.md").read_text()
-    step = {key: report[key] for key in ("line", "from", "to", "applied", "absorbed", "conflicts")}
-    step["seconds"] = round(time.monotonic() - started, 1)
-    step["report_md"] = f"rebase-{line}-{report['from']}-{report['to']}.md"
-    write_atomic(RESULTS / step["report_md"], markdown)
-    return step
+        for target in targets:
+            _check(_kimi(copy, "sync", "--line", line), f"kimi sync --line {line}")
+            started = time.monotonic()
+            args = ["rebase", "--to", target] + (["--dry-run"] if dry_run else [])
+            proc, ports = _kimi(copy, *args), []
+            while proc.returncode != 0 and not dry_run and (copy / ".kimi" / "rebase" / "state.json").is_file():
+                report = json.loads((copy / ".kimi" / "rebase" / "report.json").read_text())
+                ports.append({"patch": report["conflicts"][-1]["name"], "files": report["conflicts"][-1]["files"],
+                              "port": _resolve_with_port(copy, line, target, report)})
+                proc = _kimi(copy, "rebase", "--continue")
+            _check(proc, f"kimi {' '.join(args)}")
+            report = json.loads((copy / ".kimi" / "rebase" / "report.json").read_text())
+            markdown = (copy / ".kimi" / "rebase" / "report.md").read_text()
+            step = {key: report[key] for key in ("line", "from", "to", "dry_run", "applied", "absorbed", "conflicts")}
+            step["conflicts"] = step["conflicts"] + [{"name": p["patch"], "files": p["files"], "resolved_by": p["port"]}
+                                                     for p in ports]
+            step["seconds"] = round(time.monotonic() - started, 1)
+            step["report_md"] = f"rebase-{line}-{report['from']}-{report['to']}.md"
+            if not dry_run:
+                _git(copy, "add", "-A")
+                _git(copy, "-c", "user.name=kimi", "-c", "user.email=kimi@localhost", "commit", "-q", "-m",
+                     f"{line} rebased onto {target}")
+            declared = [a for a in report["absorbed"] if a.get("how") == "declared"]
+            if declared and verify_venv is not None:
+                _check(_kimi(copy, "sync", "--line", line), f"kimi sync --line {line}")
+                step["verification"] = _verify(copy, verify_venv, declared)
+                markdown += _verification_md(step["verification"])
+            elif declared:
+                step["verification"] = "not run (give --verify-venv)"
+            write_atomic(RESULTS / step["report_md"], markdown)
+            steps.append(step)
+    return steps
+
+
+def _verification_md(v: dict) -> str:
+    a, o = v["absorbed_checks"], v["other_tests"]
+    rows = ["", "## Verification against the new release", "",
+            f"`{v['command']}` ({v['seconds']} s, installing the rebased line):", "",
+            f"- Absorbed-check tests: {a.get('passed', 0)} passed, {a.get('failed', 0)} failed"]
+    rows += [f"  - failed: `{t}`" for t in a["failed_tests"]]
+    rows += [(f"- the line's other tests: {o.get('passed', 0)} passed, {o.get('failed', 0)} failed "
+              "(a failure names fork behaviour upstream does not have)")]
+    rows += [f"  - failed: `{t}`" for t in o["failed_tests"]]
+    return "\n".join(rows) + "\n"
 
 
 def machine() -> str:
@@ -68,23 +167,52 @@ def machine() -> str:
     return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
 
 
+def _cell(items: list[str]) -> str:
+    return ", ".join(items) or "-"
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verify-venv", type=Path, default=None,
+                        help="venv (torch of the origin line) to install the rebased origin line into and run "
+                             "the absorbed patches' checks against the new release")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep each line's scratch copy in DIR/<line> (must not exist) for inspection")
+    args = parser.parse_args()
     lines = {p.name for p in (ROOT / "kimi" / "lines").iterdir() if (p / "pin.json").is_file()}
-    steps = [run_step(line, target) for line, target in STEPS if line in lines]
-    skipped = [f"{line} -> {target}" for line, target in STEPS if line not in lines]
-    result = {
-        "command": "python benchmarks/rebase_history.py", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": machine(),
-        "steps": steps, "not_run": [f"{s} (line not in kimi/lines yet)" for s in skipped],
-    }
+    venv = args.verify_venv.resolve() if args.verify_venv else None
+    keep = args.keep.resolve() if args.keep else None
+    steps = [s for line, targets, dry in CHAINS if line in lines for s in run_chain(line, targets, dry, venv, keep)]
+    skipped = [f"{line} -> {', '.join(targets)}" for line, targets, _ in CHAINS if line not in lines]
+    command = "python benchmarks/rebase_history.py" + (" --verify-venv VENV" if venv else "")
+    result = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
+              "steps": steps, "not_run": [f"{s} (line not in kimi/lines)" for s in skipped]}
     write_json_atomic(RESULTS / "rebase.json", result)
-    rows = ["# Rebase history (dry runs)", "", f"`{result['command']}` on {result['date']}, {result['machine']}.", "",
+    rows = ["# Rebase history", "",
+            (f"`{command}` on {result['date']}, {result['machine']}. Each line's steps start from the previous "
+             "step's result; origin steps are real rebases (conflicts resolved with the ports in "
+             "`benchmarks/rebase_ports/`), the mainline step is a dry run."), "",
             "| line | from | to | applied | absorbed | conflicts | report |", "|---|---|---|---|---|---|---|"]
     for s in steps:
-        absorbed = ", ".join(f"{a['name']} (in {a['in']})" for a in s["absorbed"]) or "-"
-        conflicts = ", ".join(f"{c['name']} ({', '.join(c['files'])})" for c in s["conflicts"]) or "-"
-        rows.append(f"| {s['line']} | {s['from']} | {s['to']} | {', '.join(s['applied']) or '-'} | {absorbed} | "
-                    f"{conflicts} | [{s['report_md']}]({s['report_md']}) |")
+        absorbed = _cell([f"{a['name']} (in {a['in']}" + (f", declared absorbed in {a['declared']}, replay: "
+                                                          f"{a['replay']}" if a.get("how") == "declared" else "")
+                          + ")" for a in s["absorbed"]])
+        conflicts = _cell([f"{c['name']} ({', '.join(c['files'])}"
+                           + (f"; resolved with {Path(c['resolved_by']).parent.name} port" if c.get("resolved_by")
+                              else "") + ")" for c in s["conflicts"]])
+        rows.append(f"| {s['line']} | {s['from']} | {s['to']}{' (dry run)' if s['dry_run'] else ''} | "
+                    f"{_cell(s['applied'])} | {absorbed} | {conflicts} | [{s['report_md']}]({s['report_md']}) |")
+    for s in steps:
+        v = s.get("verification")
+        if isinstance(v, dict):
+            a, o = v["absorbed_checks"], v["other_tests"]
+            rows += ["", f"{s['line']} {s['to']}: the dropped patches' Absorbed-check tests on upstream {s['to']}: "
+                     f"{a.get('passed', 0)} passed, {a.get('failed', 0)} failed; the line's other tests: "
+                     f"{o.get('passed', 0)} passed, {o.get('failed', 0)} failed"
+                     + (f" ({', '.join(t.split('::')[-1] for t in o['failed_tests'])})" if o["failed_tests"] else "")
+                     + "."]
+        elif v:
+            rows += ["", f"{s['line']} {s['to']}: verification {v}."]
     rows += [f"\nNot run: {', '.join(result['not_run'])}." if skipped else ""]
     write_atomic(RESULTS / "rebase.md", "\n".join(rows).rstrip() + "\n")
     print("\n".join(rows))

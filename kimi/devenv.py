@@ -9,6 +9,14 @@ An install is skipped when the venv already holds this exact synced tree.
 
 ``test``: ``setup`` without the smoke run, pytest into the venv, then pytest
 on ``tests/``; pytest's "no tests collected" (exit 5) is a failure.
+
+Lines other than the default one (``--line origin``) get an environment of
+their own, so that both can be installed at once: a checkout of the fork's
+own files at ``.kimi/envs/<line>/`` (copied from the working tree on every
+call; the laid tree, ``.kimi/`` and the venv there are kept), where that line
+is laid and installed into ``.kimi/envs/<line>/.venv`` (or ``--venv``);
+downloads come from this checkout's cache.  ``kimi test --line L`` runs
+pytest on ``tests/L/`` there.  The root keeps the default line.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +33,7 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.build_hook import kernels_mode
-from kimi.fork.layout import Layout
+from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import load_pin
 from kimi.fork.sync import sync
 
@@ -51,10 +60,68 @@ def _python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def _own_entries(root: Path) -> list[str]:
+    """Top-level names of the fork's own files: what git tracks or would track at ``root``."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout
+    return sorted({rel.split("/", 1)[0] for rel in listed.split("\0") if rel and (root / rel).exists()})
+
+
+def line_layout(layout: Layout, line: str) -> Layout:
+    """Where ``line`` is laid and installed: the root for the default line, else ``.kimi/envs/<line>/``.
+
+    A line's own checkout gets a fresh copy of the fork's own files (``kimi/``,
+    ``tests/``, ...) from the working tree each time; its laid tree, its
+    ``.kimi/`` and its venv stay.  It shares this checkout's download cache.
+
+    Raises:
+        KimiError: ``line`` has no pin (the message lists the known lines).
+    """
+    layout.line_dir(line)
+    if line == DEFAULT_LINE:
+        return layout
+    dest = layout.private / "envs" / line
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in _own_entries(layout.root):
+        source, target = layout.root / name, dest / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, target)
+    # sync tells the fork's files from upstream's by what git tracks there
+    git = ["git", "-C", str(dest), "-c", "user.name=kimi", "-c", "user.email=kimi@localhost",
+           "-c", "commit.gpgsign=false"]
+    if not (dest / ".git").is_dir():
+        subprocess.run(["git", "init", "-q", "-b", "main", str(dest)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "fork files"], check=True)
+    return Layout(root=dest, cache=layout.cache)
+
+
+def _build_requirements(root: Path, mode: str) -> Path:
+    """vLLM's build requirements for ``mode``: ``requirements/build/<mode>.txt`` (0.2x), else
+    ``requirements/<mode>-build.txt`` / ``requirements/build.txt`` (0.16 - 0.18).
+
+    Raises:
+        KimiError: none of them is in the laid tree.
+    """
+    names = [f"build/{mode}.txt", f"{mode}-build.txt"] + (["build.txt"] if mode == "cuda" else [])
+    for name in names:
+        if (root / "requirements" / name).is_file():
+            return root / "requirements" / name
+    raise KimiError(f"no build requirements for {mode} in {root / 'requirements'} (looked for {', '.join(names)})")
+
+
 def _install_key(layout: Layout, mode: str) -> str:
-    """Identifies an install: the synced state (release, series, line) and the kernels mode."""
+    """Identifies an install: the synced state (release, series, line), the kernels mode and the checkout
+    (an editable install points at one; a venv given with --venv may have served another)."""
     state = json.loads(layout.state_file.read_text())
-    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode], sort_keys=True)
+    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode, str(layout.root.resolve())],
+                       sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
@@ -65,6 +132,11 @@ def ensure_env(layout: Layout, line: str, venv: Path | None, kernels: str,
     Raises:
         KimiError: sync fails, or a pip step fails (the message holds the log's tail).
     """
+    return _ensure_env_at(line_layout(layout, line), line, venv, kernels, from_dir)
+
+
+def _ensure_env_at(layout: Layout, line: str, venv: Path | None, kernels: str, from_dir: Path | None) -> Path:
+    """``ensure_env`` in the checkout ``line_layout`` chose."""
     venv = (venv or layout.root / ".venv").resolve()
     sync(layout, line, from_dir=from_dir)
     mode = kernels_mode(kernels)
@@ -77,13 +149,14 @@ def ensure_env(layout: Layout, line: str, venv: Path | None, kernels: str,
     if not python.exists():
         _step(f"creating {venv}")
         venvlib.EnvBuilder(with_pip=True, symlinks=True).create(venv)
-    env = {**os.environ, "KIMI_KERNELS": mode, "PIP_CACHE_DIR": os.environ.get(
-        "PIP_CACHE_DIR", str(layout.private / "cache" / "pip")), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {**os.environ, "KIMI_KERNELS": mode, "KIMI_CACHE_DIR": str(layout.cache),
+           "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip")),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     if from_dir is not None:
         env["KIMI_FROM"] = str(from_dir)
     pin = load_pin(layout.line_dir(line) / "pin.json")
     logs = layout.private / "logs"
-    build_reqs = layout.root / "requirements" / "build" / f"{mode}.txt"
+    build_reqs = _build_requirements(layout.root, mode)
     t0 = _step(f"[1/2] installing torch {pin.torch} and vLLM's build requirements (log: {logs / 'pip-build.log'})")
     _run_logged([str(python), "-m", "pip", "install", f"torch=={pin.torch}", "-r", str(build_reqs)],
                 logs / "pip-build.log", env, layout.root)
@@ -128,13 +201,19 @@ def setup(layout: Layout, line: str, venv: Path | None = None, kernels: str = "a
 def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto",
               pytest_args: list[str] | None = None) -> int:
     """The README's test command; returns pytest's exit status (5, no tests, becomes 1)."""
-    python = ensure_env(layout, line, venv, kernels)
+    layout = line_layout(layout, line)
+    python = _ensure_env_at(layout, line, venv, kernels, None)
     _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
-                {**os.environ, "PIP_CACHE_DIR": str(layout.private / "cache" / "pip")}, layout.root)
-    _step("running pytest on tests/")
-    env = {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_KERNELS": kernels_mode(kernels)}
-    code = subprocess.run([str(python), "-m", "pytest", "tests", *(pytest_args or [])], cwd=layout.root,
-                          env=env).returncode
+                {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))},
+                layout.root)
+    tests = "tests" if line == DEFAULT_LINE else f"tests/{line}"
+    named = [a for a in pytest_args or [] if a.startswith("tests/")]  # tests named: run just those
+    _step(f"running pytest on {', '.join(named) if named else tests + '/'}"
+          + ("" if line == DEFAULT_LINE else f" in {layout.root}"))
+    env = {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": kernels_mode(kernels),
+           "KIMI_CACHE_DIR": str(layout.cache)}
+    code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]), *(pytest_args or [])],
+                          cwd=layout.root, env=env).returncode
     if code == PYTEST_NO_TESTS:
         print("kimi test: error: pytest collected no tests", file=sys.stderr)
         return 1

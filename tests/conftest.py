@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from kimi.fork.checkout import commit_all
+from kimi.fork.layout import DEFAULT_LINE
+from kimi.fork.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "9.9.0"
@@ -126,15 +128,21 @@ class Fork:
         self.git("commit", "-q", "-m", message)
 
 
-def _vllm_installed() -> bool:
-    """An installed vllm distribution (the laid tree alone is importable but not installed)."""
+def installed_line() -> str | None:
+    """The line whose fork version the installed vllm distribution carries (``0.16.0+kimi.1.cpu`` ->
+    ``origin``); None without an installed vllm (the laid tree alone is importable but not installed)
+    or for a vllm that is no line's."""
     import importlib.metadata
 
     try:
-        importlib.metadata.version("vllm")
+        version = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+        return None
+    for pin_path in sorted((ROOT / "kimi" / "lines").glob("*/pin.json")):
+        pin = load_pin(pin_path)
+        if version.startswith(f"{pin.fork_version}."):
+            return pin.line
+    return None
 
 
 def _cuda_available() -> bool:
@@ -145,19 +153,30 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip GPU tests without CUDA; skip install tests outside `kimi test` when vLLM is absent.
+def _skip_reason(line: str, installed: str | None) -> str:
+    if installed is None:
+        return f"the {line} line's vLLM is not installed here: run `python3 -m kimi test --line {line}`"
+    return (f"for the {line} line; the vLLM installed here is the {installed} line's "
+            f"(`python3 -m kimi test --line {line}`)")
 
-    Under `kimi test` (KIMI_TEST_INSTALLED=1) a missing vLLM is a failure, not a skip.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip GPU tests without CUDA; skip install tests of a line whose vLLM is not the one installed.
+
+    An ``install`` test belongs to the line named by its ``line(NAME)`` marker, else to the default
+    line.  Under `kimi test --line NAME` (KIMI_TEST_INSTALLED=1, KIMI_TEST_LINE=NAME) a missing or
+    other install of that line's tests is a failure, not a skip.
     """
-    required = os.environ.get("KIMI_TEST_INSTALLED") == "1"
-    no_vllm = pytest.mark.skip(reason="vLLM is not installed here: run `python3 -m kimi test`")
+    required = os.environ.get("KIMI_TEST_LINE", DEFAULT_LINE) if os.environ.get("KIMI_TEST_INSTALLED") == "1" \
+        else None
     no_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
-    vllm_ok = _vllm_installed()
+    installed = installed_line()
     gpu_ok = any("gpu" in item.keywords for item in items) and _cuda_available()
     for item in items:
-        if "install" in item.keywords and not vllm_ok and not required:
-            item.add_marker(no_vllm)
+        marker = item.get_closest_marker("line")
+        line = marker.args[0] if marker else DEFAULT_LINE
+        if ("install" in item.keywords or marker) and line != installed and line != required:
+            item.add_marker(pytest.mark.skip(reason=_skip_reason(line, installed)))
         if "gpu" in item.keywords and not gpu_ok:
             item.add_marker(no_gpu)
 

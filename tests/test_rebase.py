@@ -96,9 +96,50 @@ def test_absorbed_patch_is_dropped_and_named(synced: Fork) -> None:
     release(synced, "9.9.1", lines((10, "line 10 patched")))
     result = rebase(synced, "--to", "9.9.1")
     assert result.returncode == 0, result.stderr
-    assert report(synced)["absorbed"] == [{"name": "0001-change-line-10", "in": "9.9.1"}]
+    assert report(synced)["absorbed"] == [{"name": "0001-change-line-10", "in": "9.9.1", "how": "replay"}]
     assert sorted(p.name for p in synced.patches.iterdir()) == ["0002-change-line-30.patch"]
     assert "absorbed in 9.9.1" in (synced.root / ".kimi" / "rebase" / "report.md").read_text()
+
+
+def declared(fork: Fork, number: int, line_no: int, upstream: str) -> None:
+    """A patch of ``line N`` whose header says ``Upstream: <upstream>``, with an Absorbed-check test."""
+    name, text = speculative_patch(number, line_no, f"line {line_no} patched")
+    text = text.replace("Upstream: fork-only\n", f"Upstream: {upstream}\nAbsorbed-check: tests/t.py::test_{number}\n")
+    fork.add_patch(name, text)
+
+
+def test_patch_declared_absorbed_is_dropped_with_its_hunks_named(fork: Fork) -> None:
+    """Upstream fixed line 30 its own way (a conflict) and line 20 elsewhere (the patch would still apply):
+    both patches say so in their headers and are dropped; the rebase does not stop."""
+    declared(fork, 1, 20, "absorbed in 9.9.1 - upstream fixed it elsewhere")
+    declared(fork, 2, 30, "absorbed in 9.9 - upstream's own fix")
+    fork.add_patch(*speculative_patch(3, 10, "line 10 patched"))
+    fork.commit("three patches")
+    assert fork.sync().returncode == 0
+    release(fork, "9.9.1", lines((30, "line 30 fixed upstream")))
+    result = rebase(fork, "--to", "9.9.1")
+    assert result.returncode == 0, result.stderr
+    assert "0002-change-line-30: absorbed (its header: absorbed in 9.9; the replay gave conflict" in result.stderr
+    got = report(fork)
+    assert got["applied"] == ["0003-change-line-10"] and got["conflicts"] == []
+    assert got["absorbed"] == [
+        {"name": "0001-change-line-20", "in": "9.9.1", "how": "declared", "declared": "9.9.1", "replay": "applied",
+         "remaining_hunks": ["vllm/config/speculative.py @@ -17,7 +17,7 @@ line 16"], "verify": ["tests/t.py::test_1"]},
+        {"name": "0002-change-line-30", "in": "9.9.1", "how": "declared", "declared": "9.9", "replay": "conflict",
+         "remaining_hunks": ["vllm/config/speculative.py @@ -27,7 +27,7 @@ line 26"], "verify": ["tests/t.py::test_2"]}]
+    md = (fork.root / ".kimi" / "rebase" / "report.md").read_text()
+    assert "| 0002-change-line-30 | absorbed in 9.9.1 (declared: absorbed in 9.9; replay: conflict) |" in md
+    assert "## Declared absorbed" in md and "- `tests/t.py::test_2`" in md
+    assert sorted(p.name for p in fork.patches.iterdir()) == ["0003-change-line-10.patch"]
+
+
+def test_patch_declared_absorbed_later_is_replayed(fork: Fork) -> None:
+    declared(fork, 1, 30, "absorbed in 9.10.0")
+    fork.commit("one patch")
+    assert fork.sync().returncode == 0
+    release(fork, "9.9.1", lines((30, "line 30 fixed upstream")))
+    stopped = rebase(fork, "--to", "9.9.1")
+    assert stopped.returncode == 1 and "patch 0001-change-line-30 conflicts with vllm 9.9.1" in stopped.stderr
 
 
 def test_dry_run_writes_only_the_report(synced: Fork) -> None:

@@ -17,6 +17,11 @@ Fields are ``Key: value``; an indented line continues the previous field.
 ``Upstream`` is ``fork-only``, an upstream reference (``issue vllm#45258``,
 ``PR vllm#12345``), or ``absorbed in X.Y[.Z]``; free text may follow after
 `` - ``.  ``git apply`` ignores the header.
+
+Optional: ``Absorbed-check`` names the tests (comma separated) that show the
+patch's symptom gone; for a patch ``absorbed in X.Y.Z`` they pass on that
+release without the patch (``kimi rebase`` lists them when it drops the
+patch; default: ``Tests``).
 """
 
 from __future__ import annotations

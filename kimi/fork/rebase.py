@@ -8,6 +8,13 @@ merge whose base is the old release.  Per patch:
 * ``applied``  - the merge is clean;
 * ``absorbed`` - the result is empty: the new release already contains the
   change, so the patch is dropped and the report says in which release;
+  or the patch's header says ``Upstream: absorbed in X.Y[.Z]`` with X.Y.Z at
+  or below the new release: upstream fixed the same problem its own way,
+  which a text merge cannot recognise.  Such a patch is dropped too; the
+  replay is still run and reported (``applied`` or ``conflict``) and the
+  patch's hunks that the new release does not contain are named, with the
+  tests of its ``Absorbed-check`` field (else ``Tests``) to run against the
+  new release: the evidence that upstream's fix covers the patch's symptom;
 * ``conflict`` - git leaves conflict markers in ``.kimi/rebase/repo``; the
   rebase stops with a report (patch, files, marker lines).  Resolve the files
   and run ``kimi rebase --continue``, or ``kimi rebase --abort``.
@@ -51,12 +58,24 @@ _RESUME = "Resolve the conflict markers in `.kimi/rebase/repo`, then `kimi rebas
 
 @dataclass
 class PatchOutcome:
-    """What happened to one patch: ``applied``, ``absorbed``, ``conflict`` or ``not reached``."""
+    """What happened to one patch: ``applied``, ``absorbed``, ``conflict`` or ``not reached``.
+
+    For a patch dropped because its header declares it absorbed (``declared``
+    holds the release), ``replay`` is what the three-way merge gave
+    (``applied`` / ``conflict``, markers in ``conflicts``), ``remaining`` the
+    patch's hunks the new release does not contain (``file @@ ... @@``) and
+    ``verify`` the tests that show upstream's fix.
+    """
 
     name: str
     outcome: str
     files: list[str] = field(default_factory=list)
     conflicts: dict[str, list[int]] = field(default_factory=dict)
+    declared: str | None = None
+    replay: str | None = None
+    remaining: list[str] = field(default_factory=list)
+    verify: list[str] = field(default_factory=list)
+    resolved: bool = False
 
 
 @dataclass
@@ -135,8 +154,71 @@ def _conflict_lines(repo: WorkRepo, files: list[str]) -> dict[str, list[int]]:
     return lines
 
 
-def _pick(repo: WorkRepo, name: str, commit: str) -> PatchOutcome:
-    """Cherry-pick one patch commit; on a conflict the markers stay in the tree."""
+_DECLARED = re.compile(r"^absorbed in (\d+\.\d+(?:\.\d+)?)\b")
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@.*$", re.M)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = tuple(int(x) for x in version.split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+def declared_absorbed(header: dict[str, str], target: str) -> str | None:
+    """The release a patch header says absorbed the change (``Upstream: absorbed in X.Y[.Z]``), if it
+    is ``target`` or older; else None."""
+    match = _DECLARED.match(header.get("Upstream", ""))
+    return match.group(1) if match and _release(match.group(1)) <= _release(target) else None
+
+
+def check_tests(header: dict[str, str]) -> list[str]:
+    """The tests that show a declared-absorbed fix upstream: ``Absorbed-check``, else ``Tests`` (comma or
+    newline separated)."""
+    text = header.get("Absorbed-check") or header.get("Tests", "")
+    return [t.strip() for t in re.split(r"[,\n]", text) if t.strip()]
+
+
+def remaining_hunks(repo: WorkRepo, diff: str) -> list[str]:
+    """The hunks of ``diff`` whose result (context and added lines, in order) is not in the file at HEAD:
+    what the new release does not contain.  Named ``file @@ -a,b +c,d @@ context``."""
+    remaining = []
+    for section in re.split(r"^(?=diff --git )", diff, flags=re.M):
+        match = re.match(r"diff --git a/(\S+) b/(\S+)", section)
+        if not match:
+            continue
+        path = match.group(2)
+        shown = repo.git("show", f"HEAD:{path}", check=False)
+        text = shown.stdout if shown.returncode == 0 else ""
+        starts = [m.start() for m in _HUNK.finditer(section)] + [len(section)]
+        for begin, end in zip(starts, starts[1:], strict=False):
+            head, *body = section[begin:end].rstrip("\n").split("\n")
+            after = "".join(line[1:] + "\n" for line in body if line[:1] in (" ", "+"))
+            if after not in text:
+                remaining.append(f"{path} {head}")
+    return remaining
+
+
+def _pick(repo: WorkRepo, name: str, commit: str, header: dict[str, str] | None = None,
+          target: str = "") -> PatchOutcome:
+    """Cherry-pick one patch commit; on a conflict the markers stay in the tree.
+
+    A patch whose header declares it absorbed by ``target`` or earlier is
+    replayed for the report, then undone and reported ``absorbed``.
+    """
+    declared = declared_absorbed(header or {}, target) if target else None
+    outcome = _cherry_pick(repo, name, commit)
+    if declared is None or outcome.outcome == "absorbed":
+        return outcome
+    diff = repo.commit_diff(commit)
+    if outcome.outcome == "conflict":
+        repo.git("cherry-pick", "--abort", check=False)
+    else:
+        repo.git("reset", "-q", "--hard", "HEAD~1")
+    return PatchOutcome(name, "absorbed", outcome.files, outcome.conflicts, declared=declared,
+                        replay=outcome.outcome, remaining=remaining_hunks(repo, diff),
+                        verify=check_tests(header or {}))
+
+
+def _cherry_pick(repo: WorkRepo, name: str, commit: str) -> PatchOutcome:
     proc = repo.git("cherry-pick", commit, check=False, env={"GIT_EDITOR": "true"})
     files = [p for p in repo.git("diff-tree", "--no-commit-id", "--name-only", "-r", commit).stdout.split("\n") if p]
     if proc.returncode == 0:
@@ -157,10 +239,13 @@ def _replay(layout: Layout, state: RebaseState) -> bool:
     keeps the state, so ``--continue`` goes on and ``--abort`` drops it.
     """
     repo = WorkRepo(_dir(layout) / "repo")
+    patches_dir = layout.patches_dir(state.line)
     while state.pending:
         name, commit = state.pending[0]
+        patch_file = patches_dir / f"{name}.patch"
+        header = read_patch(patch_file).header if patch_file.is_file() else {}
         try:
-            outcome = _pick(repo, name, commit)
+            outcome = _pick(repo, name, commit, header, state.target)
         except KeyboardInterrupt:
             repo.git("cherry-pick", "--abort", check=False)
             repo.git("reset", "-q", "--hard", state.head, check=False)
@@ -168,7 +253,12 @@ def _replay(layout: Layout, state: RebaseState) -> bool:
             raise
         state.pending.pop(0)
         state.outcomes.append(asdict(outcome))
-        say(f"{name}: {outcome.outcome}" + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
+        if outcome.declared:
+            say(f"{name}: absorbed (its header: absorbed in {outcome.declared}; the replay gave {outcome.replay}, "
+                f"{len(outcome.remaining)} hunks not in {state.target}); verify with: {', '.join(outcome.verify)}")
+        else:
+            say(f"{name}: {outcome.outcome}"
+                + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
         if outcome.outcome == "conflict" and state.dry_run:
             repo.git("cherry-pick", "--abort", check=False)
         state.head = repo.head()
@@ -185,7 +275,7 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
         "line": state.line, "from": state.source, "to": state.target, "dry_run": state.dry_run,
         "finished": finished, "started": state.started, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
         "applied": [o["name"] for o in outcomes if o["outcome"] == "applied"],
-        "absorbed": [{"name": o["name"], "in": state.target} for o in outcomes if o["outcome"] == "absorbed"],
+        "absorbed": [_absorbed_entry(o, state.target) for o in outcomes if o["outcome"] == "absorbed"],
         "conflicts": [{"name": o["name"], "files": o["conflicts"]} for o in outcomes if o["outcome"] == "conflict"],
         "patches": outcomes, "new_pin": state.new_pin,
     }
@@ -196,13 +286,39 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
             "| patch | outcome | files | conflict markers (line numbers) |", "|---|---|---|---|"]
     for o in outcomes:
         where = "; ".join(f"{f}: {', '.join(map(str, lines))}" for f, lines in o["conflicts"].items())
-        outcome = f"absorbed in {state.target}" if o["outcome"] == "absorbed" else o["outcome"]
+        outcome = o["outcome"]
+        if outcome == "absorbed":
+            outcome = f"absorbed in {state.target}" + (
+                f" (declared: absorbed in {o['declared']}; replay: {o['replay']})" if o.get("declared") else "")
+        elif o.get("resolved"):
+            outcome = "applied (conflict resolved)"
         rows.append(f"| {o['name']} | {outcome} | {', '.join(o['files'])} | {where} |")
+    declared = [o for o in outcomes if o.get("declared")]
+    if declared:
+        rows += ["", "## Declared absorbed", "",
+                 ("Upstream fixed these its own way (the patch header's `Upstream: absorbed in ...`): a text merge "
+                  "cannot see that, so each patch is dropped on its header's word. The hunks below are the patch's "
+                  "changes the new release does not contain; run the tests against the new release to show that "
+                  "upstream's fix covers the patch's symptom.")]
+        for o in declared:
+            rows += ["", f"### {o['name']} (absorbed in {o['declared']}; replay: {o['replay']})", "",
+                     "Not in the new release:", *[f"- `{h}`" for h in o["remaining"] or ["(none)"]], "",
+                     "Verify with:", *[f"- `{t}`" for t in o["verify"] or ["(no tests named)"]]]
     if not finished and not state.dry_run:
         rows += ["", _RESUME]
     write_atomic(_dir(layout) / "report.md", "\n".join(rows) + "\n")
     write_json_atomic(_dir(layout) / "report.json", report)
     return report
+
+
+def _absorbed_entry(outcome: dict, target: str) -> dict:
+    entry = {"name": outcome["name"], "in": target}
+    if outcome.get("declared"):
+        entry.update(how="declared", declared=outcome["declared"], replay=outcome["replay"],
+                     remaining_hunks=outcome["remaining"], verify=outcome["verify"])
+    else:
+        entry["how"] = "replay"
+    return entry
 
 
 def _pin_text(pin: dict) -> str:
@@ -333,7 +449,7 @@ def _resolve(repo: WorkRepo, last: dict) -> None:
         last["outcome"] = "absorbed"  # the resolution is upstream's own text
     else:
         repo.git("cherry-pick", "--continue", env={"GIT_EDITOR": "true"})
-        last["outcome"] = "applied"
+        last["outcome"], last["resolved"] = "applied", True
     say(f"{last['name']}: resolved ({last['outcome']})")
 
 

@@ -1,0 +1,73 @@
+"""Environments of `kimi setup` / `kimi test`: a line other than the default gets its own checkout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import Fork
+from kimi.devenv import _build_requirements, _install_key, line_layout
+from kimi.errors import KimiError
+from kimi.fork.layout import Layout
+
+
+@pytest.fixture
+def two_lines(fork: Fork) -> Layout:
+    """The synthetic fork with a second line ``origin`` pinned like the mainline."""
+    origin = fork.root / "kimi" / "lines" / "origin"
+    (origin / "patches").mkdir(parents=True)
+    shutil.copy2(fork.pin_path, origin / "pin.json")
+    (fork.root / "tests").mkdir()
+    (fork.root / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    fork.commit("origin line")
+    return Layout(root=fork.root, cache=fork.cache)
+
+
+def test_default_line_stays_at_the_root(two_lines: Layout) -> None:
+    assert line_layout(two_lines, "mainline") == two_lines
+    with pytest.raises(KimiError, match="unknown line 'nope'"):
+        line_layout(two_lines, "nope")
+
+
+def test_other_line_gets_a_checkout_of_the_fork_files_refreshed_each_time(two_lines: Layout) -> None:
+    env = line_layout(two_lines, "origin")
+    assert env.root == two_lines.root / ".kimi" / "envs" / "origin" and env.cache == two_lines.cache
+    assert (env.root / "kimi" / "lines" / "origin" / "pin.json").is_file()
+    assert (env.root / "tests" / "test_a.py").is_file()
+    tracked = subprocess.run(["git", "-C", str(env.root), "ls-files"], capture_output=True, text=True).stdout
+    assert "tests/test_a.py" in tracked and "kimi/devenv.py" in tracked  # sync tells ours from upstream's by git
+    (env.root / "vllm").mkdir()
+    (env.root / "vllm" / "laid.py").write_text("# laid tree\n")
+    (two_lines.root / "tests" / "test_a.py").unlink()
+    (two_lines.root / "tests" / "test_b.py").write_text("def test_b():\n    pass\n")
+    env = line_layout(two_lines, "origin")
+    assert sorted(p.name for p in (env.root / "tests").iterdir()) == ["test_b.py"]
+    assert (env.root / "vllm" / "laid.py").is_file()  # the laid tree is kept
+
+
+def test_install_key_names_the_checkout(tmp_path: Path) -> None:
+    """A venv shared through --venv between two checkouts of one state must be reinstalled: its
+    editable install points at the other checkout."""
+    state = {"sdist_sha256": "ab" * 32, "series": {"0001-x": "cd" * 32}, "line": "origin"}
+    keys = []
+    for name in ("a", "b"):
+        layout = Layout(root=tmp_path / name, cache=tmp_path / "cache")
+        layout.private.mkdir(parents=True)
+        layout.state_file.write_text(json.dumps(state))
+        keys.append(_install_key(layout, "cpu"))
+    assert keys[0] != keys[1]
+
+
+def test_build_requirements_under_each_release_layout(tmp_path: Path) -> None:
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "cpu-build.txt").write_text("torch==2.10.0\n")  # 0.16 - 0.18
+    assert _build_requirements(tmp_path, "cpu") == tmp_path / "requirements" / "cpu-build.txt"
+    (tmp_path / "requirements" / "build").mkdir()
+    (tmp_path / "requirements" / "build" / "cpu.txt").write_text("torch==2.11.0\n")  # 0.2x
+    assert _build_requirements(tmp_path, "cpu") == tmp_path / "requirements" / "build" / "cpu.txt"
+    with pytest.raises(KimiError, match="no build requirements for cuda"):
+        _build_requirements(tmp_path, "cuda")
