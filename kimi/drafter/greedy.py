@@ -1,0 +1,63 @@
+"""Greedy EAGLE-3 draft tokens without target-vocabulary logits (patch 0009).
+
+Upstream vLLM (``Eagle3LlamaForCausalLM.compute_logits``, ``vllm/model_executor/models/llama_eagle3.py``)
+scatters the drafter's ``[T, draft_vocab]`` logits into a ``[T, target_vocab]`` tensor of -inf every
+draft step and the proposer takes the argmax there (163840 wide for Kimi, for 32000 real values).
+The same ids come from the argmax over the draft vocabulary followed by ``target = draft + d2t[draft]``
+(EAGLE-3's ``d2t`` offsets), which :func:`kimi.kernels.draft_head.draft_argmax` computes in one pass
+(the fork's CUDA kernel where it is built, torch otherwise). Ties: both pick the lowest draft id,
+which is the lowest target id because ``d2t`` maps draft ids to increasing target ids.
+
+Only the greedy path changes; sampled drafts (``temperature > 0`` with probabilistic draft probs)
+keep upstream's full-vocabulary logits. ``KIMI_DRAFT_GREEDY`` picks the path: ``auto`` (default:
+kernel on CUDA when built, else torch), ``torch``, or ``upstream`` (the hook is off).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+MODE_ENV = "KIMI_DRAFT_GREEDY"
+MODES = ("auto", "torch", "upstream")
+
+
+def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A function ``hidden_states [T, hidden] -> target token ids [T] int64`` for ``model``, or None.
+
+    None (upstream's path is kept) when ``KIMI_DRAFT_GREEDY=upstream``, when the drafter has no
+    ``draft_id_to_target_id`` (same vocabulary as the target), no ``lm_head``/``logits_processor``, or
+    runs with tensor parallelism (upstream's ``use_local_argmax_reduction`` covers that case).
+
+    Raises:
+        ValueError: ``KIMI_DRAFT_GREEDY`` is not one of :data:`MODES`.
+    """
+    mode = os.environ.get(MODE_ENV, "auto")
+    if mode not in MODES:
+        raise ValueError(f"{MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    d2t = getattr(model, "draft_id_to_target_id", None)
+    lm_head = getattr(model, "lm_head", None)
+    processor = getattr(model, "logits_processor", None)
+    if mode == "upstream" or d2t is None or lm_head is None or processor is None:
+        return None
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    if get_tensor_model_parallel_world_size() > 1:
+        return None
+    from kimi.kernels.draft_head import draft_argmax, kernel_status
+
+    backend = "torch" if mode == "torch" else "auto"
+    from vllm.logger import init_logger
+
+    status = kernel_status() if backend == "auto" and d2t.is_cuda else {"available": False}
+    init_logger("vllm.kimi.eagle3").info(
+        "EAGLE-3 greedy drafts: argmax over the %d-token draft vocabulary, then d2t (%s), without the "
+        "%s-wide target-vocabulary logits.", d2t.shape[0], "fork CUDA kernel" if status["available"] else "torch",
+        getattr(getattr(model, "config", None), "vocab_size", "target"))
+
+    def greedy(hidden_states: torch.Tensor) -> torch.Tensor:
+        return draft_argmax(processor(lm_head, hidden_states), d2t, backend=backend)
+
+    return greedy

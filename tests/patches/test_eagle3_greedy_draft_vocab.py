@@ -1,0 +1,69 @@
+"""Patch 0009: greedy EAGLE-3 drafts from the draft vocabulary give upstream's ids, for both drafter styles.
+
+One subprocess loads the reference target with each reference drafter on CPU (vLLM in-process) and compares
+the proposer's greedy hook with upstream's ``compute_logits(...).argmax(-1)`` (the full-vocabulary scatter)
+on random hidden states, then loads once more with ``KIMI_DRAFT_GREEDY=upstream``. Without the patch the
+proposer has no ``draft_greedy`` attribute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.install
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = textwrap.dedent("""
+    import json, os, sys, torch
+    from vllm import LLM
+    models, out = sys.argv[1], {}
+    def proposer(style):
+        llm = LLM(model=models + "/target", dtype="float32", max_model_len=256, enforce_eager=True,
+                  kv_cache_memory_bytes=128 << 20, speculative_config={
+                      "method": "eagle3", "model": f"{models}/drafter-{style}", "num_speculative_tokens": 2})
+        return llm, llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    for style in ("llama", "mla"):
+        llm, prop = proposer(style)
+        hidden = torch.randn(97, 256, generator=torch.Generator().manual_seed(0))
+        hook = prop.draft_greedy is not None
+        same = hook and torch.equal(prop.draft_greedy(hidden), prop.model.compute_logits(hidden).argmax(-1))
+        out[style] = {"hook": hook, "same_ids": bool(same)}
+        llm.llm_engine.engine_core.shutdown()
+        del llm, prop
+    os.environ["KIMI_DRAFT_GREEDY"] = "upstream"
+    llm, prop = proposer("llama")
+    out["upstream_mode_hook"] = prop.draft_greedy is not None
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_greedy_drafts_equal_upstream_ids(tmp_path: Path) -> None:
+    models = tmp_path / "reference"
+    made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(models)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
+    env.pop("KIMI_DRAFT_GREEDY", None)
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(models)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=1200)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    assert out["llama"] == out["mla"] == {"hook": True, "same_ids": True}
+    assert out["upstream_mode_hook"] is False
+
+
+def test_unknown_mode_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kimi.drafter.greedy import draft_greedy
+
+    monkeypatch.setenv("KIMI_DRAFT_GREEDY", "fast")
+    with pytest.raises(ValueError, match="expected one of auto, torch, upstream"):
+        draft_greedy(object())
