@@ -113,12 +113,26 @@ rc=$?; step import_vllm $rc
 note "vllm.__version__ = $version"
 if [ $rc -ne 0 ] || [[ "$version" != *+kimi.* ]]; then tail -20 "$out/logs/import-vllm.log"; finish 1; fi
 
+# -- 2b. the fork's draft-head kernel with the host's nvcc (patch 0009 takes it for greedy drafts) -----------
+PATH="$PATH:/usr/local/cuda/bin"
+lib=$(KIMI_KERNELS_BUILD_DIR=/tmp/kimi-kernels-host "$py" -m kimi kernels build --arch '9.0a;10.0a' --jobs 2 --json \
+      2> "$out/logs/kernels-build.log" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["library"])')
+rc=$?; step kernels_build $rc
+if [ $rc -eq 0 ] && [ -f "$lib" ]; then
+  export KIMI_DRAFT_HEAD_LIB=$lib
+  note "draft-head kernel built: $lib (greedy drafts use it)"
+else
+  note "draft-head kernel not built (logs/kernels-build.log): greedy drafts use torch"
+fi
+
 # -- 3. end to end -------------------------------------------------------------------------------------------
 budget=$(( limit - SECONDS - 120 ))
 note "gpu_e2e.py with a budget of ${budget} s"
 # shellcheck disable=SC2086
 "$py" benchmarks/gpu_e2e.py --out "$out" --scratch /tmp/gpu_e2e --budget-s "$budget" ${KIMI_GPU_E2E_ARGS:-}
 e2e=$?; step gpu_e2e $e2e
+note "drafter loads with the fork's draft-head kernel: $(cat "$out"/logs/lane-*.log 2>/dev/null | grep -c 'fork CUDA kernel'),"\
+" with torch: $(cat "$out"/logs/lane-*.log 2>/dev/null | grep -c 'EAGLE-3 greedy drafts: .*(torch)')"
 
 # -- 4. GPU tests on its results -----------------------------------------------------------------------------
 left=$(( limit - SECONDS - 15 ))
