@@ -15,8 +15,9 @@ from kimi.errors import KimiError
 from kimi.fork.layout import DEFAULT_LINE, Layout
 
 EPILOG = """first steps on a fresh clone:
-  python3 -m kimi setup      lay vLLM, install the fork into .venv, smoke-run `vllm`
+  python3 -m kimi demo       set up, make the reference models, vllm serve them with EAGLE-3, ask once
   python3 -m kimi test       the test suite (sets up first if needed)
+  python3 -m kimi setup      only lay vLLM, install the fork into .venv, smoke-run `vllm`
 
 the fork's own CUDA kernels (nvcc; sm_90a Hopper, sm_100a Blackwell):
   kimi kernels build [--arch '9.0a;10.0a']    build the EAGLE-3 draft-head kernels
