@@ -113,14 +113,14 @@ rc=$?; step import_vllm $rc
 note "vllm.__version__ = $version"
 if [ $rc -ne 0 ] || [[ "$version" != *+kimi.* ]]; then tail -20 "$out/logs/import-vllm.log"; finish 1; fi
 
-# -- 2b. the fork's draft-head kernel with the host's nvcc (patch 0009 takes it for greedy drafts) -----------
+# -- 2b. the fork's draft-head kernel with the host's nvcc (patch 0009 with KIMI_DRAFT_GREEDY=auto) --------
 PATH="$PATH:/usr/local/cuda/bin"
 lib=$(KIMI_KERNELS_BUILD_DIR=/tmp/kimi-kernels-host "$py" -m kimi kernels build --arch '9.0a;10.0a' --jobs 2 --json \
       2> "$out/logs/kernels-build.log" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["library"])')
 rc=$?; step kernels_build $rc
 if [ $rc -eq 0 ] && [ -f "$lib" ]; then
   export KIMI_DRAFT_HEAD_LIB=$lib
-  note "draft-head kernel built: $lib (greedy drafts use it)"
+  note "draft-head kernel built: $lib (greedy drafts use it with KIMI_DRAFT_GREEDY=auto)"
 else
   note "draft-head kernel not built (logs/kernels-build.log): greedy drafts use torch"
 fi
