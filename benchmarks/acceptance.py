@@ -1,16 +1,24 @@
 """Acceptance of the trained reference pair served with EAGLE-3 (issue F): tau, per-position, wiring check.
 
-Run in the fork's venv, on CPU or on a GPU host (engine settings are picked per platform)::
+Run in the fork's venv, on CPU or on a GPU host (engine settings are picked per platform: float32 and eager
+on CPU; bf16, 40 % of the GPU's memory and CUDA graphs on CUDA, ``--eager`` to do without them)::
 
     .venv/bin/python benchmarks/acceptance.py [--models DIR] [--out DIR] [-k 3] [--prompts 16] [--tokens 64]
 
-1. The trained pair (``kimi models train-pair``, default ``.kimi/models/trained``) is made when missing
-   (minutes on a CPU; deterministic).
+On a GPU host with the fork installed into an existing vLLM (``kimi install-into``), carry the pair made on
+a CPU (its ``target/``, ``drafter/`` and ``MANIFEST.json``, about 10 MB; ``work/`` is not needed)::
+
+    PYTHONPATH=/tmp/site python3 benchmarks/acceptance.py --models PAIR --out OUT
+
+1. The trained pair (``kimi models train-pair``, default ``.kimi/models/trained``) is made when the default
+   folder lacks it (minutes on a CPU; deterministic); a pair named with ``--models`` is used as it is and
+   never trained (a folder without ``MANIFEST.json`` is an error).
 2. The target is served with its drafter, greedy, on held-out code prompts (stdlib packages the
    tokenizer and the models never saw); tau = 1 + accepted / drafts and per-position acceptance come
    from vLLM's spec-decode metrics.
-3. The same drafter with every aux layer id shifted by one is served the same way (``tau_shifted_ids``):
-   a drafter fed the wrong layers must lose acceptance - the guard that the wiring is right.
+3. The same drafter with every aux layer id shifted by one (up, or down where the top id is the target's
+   last layer: :func:`kimi.train.export.shifted_ids`) is served the same way (``tau_shifted_ids``): a
+   drafter fed the wrong layers must lose acceptance - the guard that the wiring is right.
 
 Writes ``acceptance.json`` ({device, k, tau, per_position, tau_shifted_ids, command, date, ...}) and
 ``acceptance.md`` to ``--out`` (default ``benchmarks/results``).
@@ -34,11 +42,11 @@ sys.path.insert(0, str(ROOT))
 from kimi.drafter.conventions import IDS_FIELD  # noqa: E402
 from kimi.e2e.engine import tokenize  # noqa: E402
 from kimi.e2e.prompts import code_prompts  # noqa: E402
+from kimi.errors import KimiError  # noqa: E402
 from kimi.fork.fsutil import write_atomic  # noqa: E402
 from kimi.train.acceptance import served_acceptance  # noqa: E402
 from kimi.train.engine import engine_settings, on_cuda  # noqa: E402
-from kimi.train.export import with_ids  # noqa: E402
-from kimi.train.pair import train_pair  # noqa: E402
+from kimi.train.export import shifted_ids, with_ids  # noqa: E402
 
 
 def device_name() -> str:
@@ -47,6 +55,27 @@ def device_name() -> str:
     if on_cuda():
         return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
     return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
+
+
+def folder_mb(path: Path) -> float:
+    """Size of the regular files under ``path`` in MB (links not followed)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6
+
+
+def load_pair(models: Path, default: Path) -> dict:
+    """The pair's manifest; trains the pair only in the default folder (a carried pair is never retrained).
+
+    Raises:
+        KimiError: ``models`` is not the default folder and is not a complete pair.
+    """
+    from kimi.train.pair import train_pair
+
+    missing = [name for name in ("MANIFEST.json", "target/config.json", "drafter/config.json")
+               if not (models / name).is_file()]
+    if missing and models.resolve() != default.resolve():
+        raise KimiError(f"{models} is not a trained pair (no {', '.join(missing)}): make one with "
+                        "`kimi models train-pair DIR` and carry its target/, drafter/ and MANIFEST.json")
+    return train_pair(models) if missing else json.loads((models / "MANIFEST.json").read_text())
 
 
 def markdown(result: dict) -> str:
@@ -65,20 +94,30 @@ def markdown(result: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=Path, default=ROOT / ".kimi" / "models" / "trained")
+    default = ROOT / ".kimi" / "models" / "trained"
+    parser.add_argument("--models", type=Path, default=default,
+                        help="the pair (default: .kimi/models/trained, trained there when missing)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("-k", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
     args = parser.parse_args()
     started = time.monotonic()
-    manifest = train_pair(args.models)
+    try:
+        manifest = load_pair(args.models, default)
+    except KimiError as exc:
+        print(f"acceptance: {exc}", file=sys.stderr)
+        return 1
     target, drafter = args.models / "target", args.models / "drafter"
+    sizes = {"target_mb": round(folder_mb(target), 2), "drafter_mb": round(folder_mb(drafter), 2)}
+    print(f"acceptance: pair {args.models}: target {sizes['target_mb']:.1f} MB, drafter {sizes['drafter_mb']:.1f} MB",
+          flush=True)
     ids = json.loads((drafter / "config.json").read_text())[IDS_FIELD]
     layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
-    shifted = [i + 1 for i in ids] if ids[-1] + 1 < layers else [i - 1 for i in ids]
+    shifted = shifted_ids(ids, layers)
     prompt_ids = tokenize(str(target), code_prompts(args.prompts))
-    engine = engine_settings(eager=not on_cuda())
+    engine = engine_settings(eager=args.eager or not on_cuda())
     print(f"acceptance: serving {target} with {drafter} (ids {ids}), k = {args.k}", flush=True)
     ours = served_acceptance(str(target), str(drafter), prompt_ids, args.k, args.tokens, engine)
     print(f"acceptance: tau {ours['tau']:.3f}, per position {ours['per_position']}", flush=True)
@@ -90,7 +129,7 @@ def main() -> int:
               "tau_shifted_ids": theirs["tau"], "per_position_shifted_ids": theirs["per_position"],
               "aux_layer_ids": ids, "shifted_ids": shifted, "prompts": args.prompts, "tokens": args.tokens,
               "counters": ours["counters"], "counters_shifted_ids": theirs["counters"],
-              "engine": {k: v for k, v in engine.items()},
+              "engine": {k: v for k, v in engine.items()}, "pair_sizes": sizes,
               "pair": {"target_final_loss": manifest["target_final_loss"], "recipe": manifest["recipe"],
                        "seconds": manifest["seconds"]},
               "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]]),

@@ -128,3 +128,13 @@ def test_report_without_matplotlib_keeps_the_data(tmp_path: Path):
         assert "matplotlib is not installed" in md
     else:
         assert (tmp_path / "report" / "training.png").is_file()
+
+
+def test_shifted_ids_move_every_id_by_one_inside_the_target():
+    from kimi.errors import KimiError
+    from kimi.train.export import shifted_ids
+
+    assert shifted_ids([2, 4, 5], 8) == [3, 5, 6]
+    assert shifted_ids([2, 4, 7], 8) == [1, 3, 6]  # the top id is the last layer: down instead
+    with pytest.raises(KimiError):
+        shifted_ids([1, 4, 7], 8)  # down would reach layer 0's input, which vLLM cannot capture

@@ -3,7 +3,8 @@
 * a tiny pair (minutes): every ``kimi train`` stage, the exported drafter passes ``kimi drafter inspect``,
   the stages resume (a second run does nothing), and ``--init`` warm starts;
 * the trained reference pair (``.kimi/models/trained``, trained when missing): served on CPU with k = 3,
-  greedy, held-out prompts, tau > 1.3, and the same drafter with its aux ids shifted by one gets less.
+  greedy, held-out prompts, tau > 1.3, and the same drafter with its aux ids shifted by one gets clearly less
+  (by :data:`GUARD_MARGIN`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.install
+
+#: How much lower tau must be with every aux id shifted by one (the wiring guard). Measured on CPU (2 cores,
+#: torch 2.11, deterministic): this test's 8 prompts x 48 tokens give 2.709 vs 2.424 with ids (1, 3, 6) (0.285);
+#: the benchmark's 16 x 64 give 2.719 vs 2.575 (0.144), so the prompt set moves the gap by about 0.14. The old
+#: recipe's ids (2, 4, 5) gave 0.04-0.05, which this margin rejects.
+GUARD_MARGIN = 0.15
 
 
 def _kimi(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
@@ -61,7 +68,7 @@ def test_trained_pair_acceptance_and_wiring_guard(tmp_path: Path):
     from kimi.e2e.engine import tokenize
     from kimi.e2e.prompts import code_prompts
     from kimi.train.acceptance import served_acceptance
-    from kimi.train.export import with_ids
+    from kimi.train.export import shifted_ids, with_ids
 
     models = ROOT / ".kimi" / "models" / "trained"
     if not (models / "MANIFEST.json").is_file():
@@ -69,10 +76,13 @@ def test_trained_pair_acceptance_and_wiring_guard(tmp_path: Path):
         assert made.returncode == 0, made.stderr[-3000:]
     target, drafter = str(models / "target"), models / "drafter"
     ids = json.loads((drafter / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+    layers = json.loads((models / "target" / "config.json").read_text())["num_hidden_layers"]
+    wrong = shifted_ids(ids, layers)
+    assert wrong != ids and len(wrong) == len(ids)
     prompts = tokenize(target, code_prompts(8))
     ours = served_acceptance(target, str(drafter), prompts, k=3, max_tokens=48)
-    shifted = served_acceptance(target, str(with_ids(drafter, [i + 1 for i in ids], tmp_path / "shifted")), prompts,
+    shifted = served_acceptance(target, str(with_ids(drafter, wrong, tmp_path / "shifted")), prompts,
                                 k=3, max_tokens=48)
     assert ours["tau"] > 1.3, ours
-    assert shifted["tau"] < ours["tau"], (ours["tau"], shifted["tau"])
+    assert shifted["tau"] < ours["tau"] - GUARD_MARGIN, (ids, ours["tau"], wrong, shifted["tau"])
     assert ours["tokens"] == shifted["tokens"]  # greedy output does not depend on the drafter

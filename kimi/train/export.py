@@ -62,6 +62,21 @@ def export(work: Path, out: Path, target: str, force: bool = False) -> Path:
     return out
 
 
+def shifted_ids(ids: list[int], num_layers: int) -> list[int]:
+    """The wiring guard's wrong ids: every id shifted up by one, or down by one where the top id has no layer
+    above (``num_layers - 1``) - the same drafter fed its neighbours' states must lose acceptance.
+
+    Raises:
+        KimiError: no shift by one in either direction stays inside layers ``1 .. num_layers - 1`` (layer 0's
+            input has no residual yet; vLLM's DeepSeek-V3 cannot capture it).
+    """
+    if max(ids) + 1 < num_layers:
+        return [i + 1 for i in ids]
+    if min(ids) - 1 >= 1:
+        return [i - 1 for i in ids]
+    raise KimiError(f"aux ids {list(ids)} cannot be shifted by one inside layers 1..{num_layers - 1}")
+
+
 def with_ids(drafter: Path, ids: list[int], dest: Path) -> Path:
     """A copy of ``drafter`` (weights linked) whose config names other aux ids: the wiring check's control."""
     dest.mkdir(parents=True, exist_ok=True)

@@ -210,6 +210,9 @@ def train(work: Path, target: str, opts: TrainOptions, resume: bool = False, ini
     say(f"train: {len(seqs)} sequences, {per_epoch} batches x {opts.epochs} epochs, TTT {opts.ttt_steps} steps, "
         f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f} M trainable parameters")
     metrics: dict = {}
+    if step >= total and (out / "log.jsonl").is_file():  # resumed after the last step: its logged metrics
+        last = [line for line in (out / "log.jsonl").read_text().splitlines() if line.strip()][-1:]
+        metrics = {k: v for k, v in json.loads(last[0]).items() if k in ("loss", "acc", "tau_ttt")} if last else {}
     with open(out / "log.jsonl", "a") as log, tqdm(total=total, initial=step, desc="train", unit="step") as bar:
         while step < total:
             epoch, pos = divmod(step, per_epoch)
