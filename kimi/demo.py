@@ -64,10 +64,11 @@ def demo(layout: Layout, line: str, venv: Path | None = None, kernels: str = "au
         reply = server.complete(prompt, max_tokens)
         if reply.status != 200:
             raise KimiError(f"the completion request failed with HTTP {reply.status}: {reply.body[:500]}")
-        text = reply.json()["choices"][0]["text"]
+        answer = reply.json()
+        text, generated = answer["choices"][0]["text"], answer.get("usage", {}).get("completion_tokens", "?")
         seconds = time.monotonic() - started
         counters = server.counters()
-    print(f"--- prompt (held-out standard library code) ---\n{prompt}--- completion ({max_tokens} tokens, "
+    print(f"--- prompt (held-out standard library code) ---\n{prompt}--- completion ({generated} tokens, "
           f"{seconds:.1f} s) ---\n{text}\n---")
     drafts = counters["num_drafts"]
     tau = 1 + counters["num_accepted_tokens"] / drafts if drafts else float("nan")

@@ -56,6 +56,6 @@ def test_demo_serves_the_reference_models_with_eagle3(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "kimi", "demo", "--max-tokens", "16"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert "--- completion (16 tokens" in result.stdout and "server stopped" in result.stderr
+    assert "--- completion (" in result.stdout and "server stopped" in result.stderr
     drafts = result.stdout.split("spec decode: ")[1].split(" drafts")[0]
     assert int(drafts) > 0
