@@ -32,26 +32,25 @@ import contextlib
 import json
 import os
 import platform
-import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kimi.e2e.engine import SPEC_METRICS, spec_metrics  # noqa: E402
+from kimi.e2e.server import free_port, request, spec_counters  # noqa: E402
+
 LOSSLESS_MIN = 0.9
-COUNTERS = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
 #: Engine settings. A fixed KV cache (kv_cache_memory_bytes) skips vLLM's memory profiling, which
 #: refuses to run while another process on the GPU changes its memory use; gpu_memory_utilization only
 #: has to pass the start-up check "free memory >= utilization x total".
@@ -77,7 +76,6 @@ def log(msg: str) -> None:
 
 def code_prompts(tokenizer_json: Path, count: int, max_len: int) -> list[list[int]]:
     """``count`` prompts of 24..``max_len`` tokens cut at line starts from held-out stdlib files (deterministic)."""
-    sys.path.insert(0, str(ROOT))
     from tokenizers import Tokenizer
 
     from kimi.models.tokenizer import held_out_files
@@ -106,20 +104,6 @@ def code_prompts(tokenizer_json: Path, count: int, max_len: int) -> list[list[in
 
 
 # -- worker: one process running engines one after the other -------------------------------------------------
-
-def _counters(metrics) -> dict:
-    found = dict.fromkeys(COUNTERS.values(), 0.0)
-    per_pos: list[float] = []
-    for metric in metrics:
-        name = metric.name.removesuffix("_total")
-        if name in COUNTERS:
-            found[COUNTERS[name]] += float(metric.value)
-        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos" and hasattr(metric, "values"):
-            values = [float(v) for v in metric.values]
-            per_pos = [a + b for a, b in zip(per_pos, values, strict=False)] if per_pos else values
-    found["accepted_per_pos"] = per_pos
-    return found
-
 
 def _engine_info(llm) -> dict:
     info: dict = {}
@@ -197,11 +181,11 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
         warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False)
         # warm-up on other token sequences: no prefix-cache hits for the measured prompts
         llm.generate([{"prompt_token_ids": p[::-1]} for p in prompts[:2]], warm, use_tqdm=False)
-        before = _counters(llm.get_metrics())
+        before = spec_metrics(llm.get_metrics())
         t1 = time.monotonic()
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         seconds = time.monotonic() - t1
-        after = _counters(llm.get_metrics())
+        after = spec_metrics(llm.get_metrics())
         images = _image_run(llm, job.get("images"), min(tokens, 16)) if job.get("images") else {}
     finally:
         try:
@@ -212,7 +196,7 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    counters = {k: after[k] - before[k] for k in COUNTERS.values()}
+    counters = {k: after[k] - before[k] for k in SPEC_METRICS.values()}
     pos_before = before["accepted_per_pos"] or [0.0] * len(after["accepted_per_pos"])
     counters["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pos_before, strict=False)]
     out_tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -452,36 +436,11 @@ def run_lane(run: Run, lane: str, jobs: list[Job], on_error=None) -> None:
 
 # -- vllm serve ----------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _http(url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, str]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as answer:
-            return answer.status, answer.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
-
-
-def _prometheus_counters(text: str) -> dict:
-    found = dict.fromkeys(COUNTERS.values(), 0.0)
-    for line in text.splitlines():
-        match = re.match(r"^([a-z_:]+?)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if match and match.group(1) in COUNTERS:
-            found[COUNTERS[match.group(1)]] += float(match.group(2))
-    return found
-
-
 def serve_command(run: Run, models: Path, spec: dict) -> list[str]:
     vllm = Path(sys.executable).with_name("vllm")
     head = [str(vllm)] if vllm.is_file() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
     engine = {**run.engine, **run.variant}
-    args = [*head, "serve", str(models / "target"), "--host", "127.0.0.1", "--port", str(_free_port()),
+    args = [*head, "serve", str(models / "target"), "--host", "127.0.0.1", "--port", str(free_port()),
             "--dtype", engine["dtype"], "--max-model-len", str(engine["max_model_len"]),
             "--kv-cache-memory-bytes", str(engine["kv_cache_memory_bytes"]), "--seed", "0",
             "--max-num-seqs", str(max(8, run.args.clients)), "--speculative-config", json.dumps(spec)]
@@ -525,7 +484,7 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
                 log(f"serve: FAILED (exited with status {proc.returncode})")
                 return result
             try:
-                if _http(f"{base}/health", timeout=5)[0] == 200:
+                if request(f"{base}/health", timeout=5).status == 200:
                     break
             except OSError:
                 pass
@@ -542,13 +501,13 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
             body = {"model": str(models / "target"), "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
                     "ignore_eos": True, "return_token_ids": True}
             try:
-                status, text = _http(f"{base}/v1/completions", body, timeout=180)
+                answer = request(f"{base}/v1/completions", json.dumps(body).encode(), timeout=180)
             except OSError as exc:  # timeout, connection reset: an unanswered request
                 return 0, repr(exc)
             try:
-                return status, json.loads(text)
+                return answer.status, answer.json()
             except ValueError:
-                return status, text
+                return answer.status, answer.body
 
         t1 = time.monotonic()
         with ThreadPoolExecutor(len(prompts)) as pool:
@@ -565,10 +524,11 @@ def run_serve(run: Run, models: Path, baseline: list[list[int]] | None) -> dict:
                 same += list(ids) == baseline[i][:max_tokens]
             details.append({"status": status, "ok": good, "text": (choice.get("text") or str(reply))[:80]})
         try:
-            status, metrics = _http(f"{base}/metrics", timeout=30)
+            answer = request(f"{base}/metrics", timeout=30)
+            status, metrics = answer.status, answer.body
         except OSError as exc:
             status, metrics = 0, repr(exc)
-        counters = _prometheus_counters(metrics) if status == 200 else {}
+        counters = spec_counters(metrics) if status == 200 else {}
         result.update(answered=answered, identical_to_offline=same if baseline is not None else None,
                       max_tokens=max_tokens, counters=counters, replies=details)
         result["ok"] = answered == len(prompts) and counters.get("num_drafts", 0) > 0

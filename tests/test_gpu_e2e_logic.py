@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from kimi.e2e.engine import spec_metrics
+from kimi.e2e.server import spec_counters
 
 spec = importlib.util.spec_from_file_location("gpu_e2e", ROOT / "benchmarks" / "gpu_e2e.py")
 gpu_e2e = importlib.util.module_from_spec(spec)
@@ -37,8 +39,8 @@ def test_prometheus_counters_sum_label_sets_and_accept_total_suffix() -> None:
         'vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e9',
         'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0',
     ])
-    assert gpu_e2e._prometheus_counters(text) == {"num_drafts": 15.0, "num_draft_tokens": 36.0,
-                                                  "num_accepted_tokens": 5.0}
+    assert spec_counters(text) == {"num_drafts": 15.0, "num_draft_tokens": 36.0,
+                                   "num_accepted_tokens": 5.0}
 
 
 class _Metric:
@@ -53,8 +55,8 @@ def test_llm_metrics_counters_and_per_position_acceptance() -> None:
                _Metric("vllm:spec_decode_num_accepted_tokens", 3),
                _Metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=[2, 1, 0]),
                _Metric("vllm:num_requests_running", 1)]
-    assert gpu_e2e._counters(metrics) == {"num_drafts": 4.0, "num_draft_tokens": 12.0, "num_accepted_tokens": 3.0,
-                                          "accepted_per_pos": [2.0, 1.0, 0.0]}
+    assert spec_metrics(metrics) == {"num_drafts": 4.0, "num_draft_tokens": 12.0, "num_accepted_tokens": 3.0,
+                                    "accepted_per_pos": [2.0, 1.0, 0.0]}
 
 
 def test_code_prompts_are_deterministic_real_code_of_bounded_length(tmp_path: Path) -> None:

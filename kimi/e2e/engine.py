@@ -59,7 +59,8 @@ def vllm_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, specul
         tokens = [list(out.outputs[0].token_ids) for out in outputs]
         logits = [[{tok: lp.logprob for tok, lp in step.items()} for step in out.outputs[0].logprobs]
                   for out in outputs] if top_logits else []
-        counters = _counters(llm.get_metrics())
+        found = spec_metrics(llm.get_metrics())
+        counters = {key: found[key] for key in SPEC_METRICS.values()}
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
@@ -67,13 +68,27 @@ def vllm_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, specul
     return GreedyRun(tokens, counters, logits)
 
 
-def _counters(metrics) -> dict[str, float]:
-    names = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
-    found = dict.fromkeys(names.values(), 0.0)
+#: ``LLM.get_metrics()`` counter name -> key in :func:`spec_metrics`'s result.
+SPEC_METRICS = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+                "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+
+
+def spec_metrics(metrics) -> dict:
+    """``{"num_drafts", "num_draft_tokens", "num_accepted_tokens": float, "accepted_per_pos": [k] floats}``
+    from ``LLM.get_metrics()`` (summed over engines; zeros and ``[]`` without speculation).
+
+    ``accepted_per_pos`` is vLLM's ``vllm:spec_decode_num_accepted_tokens_per_pos`` vector: accepted
+    tokens at each draft position.
+    """
+    found: dict = dict.fromkeys(SPEC_METRICS.values(), 0.0)
+    per_pos: list[float] = []
     for metric in metrics:
-        if metric.name in names:
-            found[names[metric.name]] += float(metric.value)
+        if metric.name in SPEC_METRICS:
+            found[SPEC_METRICS[metric.name]] += float(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            values = [float(v) for v in metric.values]
+            per_pos = [a + b for a, b in zip(per_pos + [0.0] * (len(values) - len(per_pos)), values, strict=True)]
+    found["accepted_per_pos"] = per_pos
     return found
 
 

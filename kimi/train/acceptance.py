@@ -8,23 +8,8 @@ from __future__ import annotations
 
 import gc
 
+from kimi.e2e.engine import spec_metrics
 from kimi.train.engine import engine_settings
-
-
-def spec_metrics(metrics) -> dict:
-    """{"num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos": [k]} from ``LLM.get_metrics()``."""
-    names = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
-    found: dict = dict.fromkeys(names.values(), 0.0)
-    per_pos: list[float] = []
-    for metric in metrics:
-        if metric.name in names:
-            found[names[metric.name]] += float(metric.value)
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            values = list(metric.values)
-            per_pos = [a + b for a, b in zip(per_pos + [0.0] * (len(values) - len(per_pos)), values, strict=True)]
-    found["accepted_per_pos"] = per_pos
-    return found
 
 
 def summarize(found: dict, k: int) -> dict:
