@@ -13,6 +13,12 @@
 # writing everything under $OUT: gpu_e2e.json, gpu_e2e.md, gpu_call.json (steps and times), logs/.
 # A later call with the kit already installed (machine still warm) skips step 1.
 #
+#   bash benchmarks/gpu_call.sh COMMAND [ARGS...]
+#
+# runs COMMAND instead of steps 3 and 4 (after 1, 2 and the kernel build), with KIMI_BUDGET_S (seconds left in
+# the call minus a margin), KIMI_SITE (the fork) and KIMI_UPSTREAM_SITE (a pristine copy of upstream's `vllm`
+# package, made right after the kit is installed: benchmarks/perf_vs_upstream.py runs both) exported.
+#
 # Environment: OUT (default benchmarks/results/gpu), KIMI_CALL_LIMIT_S (the call's time limit, default 600;
 # gpu_e2e gets what is left minus a margin), KIMI_GPU_E2E_ARGS (extra arguments for gpu_e2e.py); for a rehearsal
 # elsewhere: KIMI_KIT_STASH (/tmp/kitparts), KIMI_SITE (/tmp/site), KIMI_PYTHON (python3), KIMI_GPU_STEPS
@@ -25,6 +31,7 @@ kit=$root/.kimi/gpu-kit
 out=${OUT:-$root/benchmarks/results/gpu}
 stash=${KIMI_KIT_STASH:-/tmp/kitparts}
 site=${KIMI_SITE:-/tmp/site}
+upstream=${KIMI_UPSTREAM_SITE:-/tmp/upstream}
 py=${KIMI_PYTHON:-python3}
 limit=${KIMI_CALL_LIMIT_S:-600}
 mkdir -p "$out/logs" "$stash"
@@ -89,7 +96,9 @@ else
   rc=$?; step kit_install $rc
   if [ $rc -ne 0 ]; then tail -20 "$out/logs/kit-install.log"; finish $rc; fi
   echo "$want_sha" > "$site/.kit-sha256"
-  note "kit installed"
+  rm -rf "$upstream" && mkdir -p "$upstream" && cp -a "$site/vllm" "$upstream/vllm"
+  rc=$?; step upstream_copy $rc
+  note "kit installed; pristine upstream vllm copied to $upstream"
 fi
 
 # -- environment (as ../shared/gpu/env.sh) -------------------------------------------------------------------
@@ -123,6 +132,15 @@ if [ $rc -eq 0 ] && [ -f "$lib" ]; then
   note "draft-head kernel built: $lib (greedy drafts use it with KIMI_DRAFT_GREEDY=auto)"
 else
   note "draft-head kernel not built (logs/kernels-build.log): greedy drafts use torch"
+fi
+
+# -- a command of the caller instead of 3 and 4 --------------------------------------------------------------
+if [ $# -gt 0 ]; then
+  export KIMI_BUDGET_S=$(( limit - SECONDS - 45 )) KIMI_SITE=$site KIMI_UPSTREAM_SITE=$upstream
+  note "running $* (budget ${KIMI_BUDGET_S} s)"
+  "$@"
+  rc=$?; step command $rc
+  finish $rc
 fi
 
 # -- 3. end to end -------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ SCRIPT = ROOT / "benchmarks" / "gpu_call.sh"
 
 def _call(repo: Path, tmp: Path, n: int, **env: str) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "OUT": str(tmp / f"out{n}"), "KIMI_KIT_STASH": str(tmp / "stash"),
-            "KIMI_SITE": str(tmp / "site"), "KIMI_GPU_STEPS": "install", **env}
+            "KIMI_SITE": str(tmp / "site"), "KIMI_UPSTREAM_SITE": str(tmp / "upstream"), "KIMI_GPU_STEPS": "install",
+            **env}
     return subprocess.run(["bash", str(repo / "benchmarks" / "gpu_call.sh")], cwd=repo, env=full,
                           capture_output=True, text=True, timeout=900)
 
@@ -90,5 +91,17 @@ def test_rehearsal_of_the_three_device_calls_with_the_real_kit(tmp_path: Path) -
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "vllm/_version.py says 0.26.0+kimi.1.cuda" in result.stdout, result.stdout[-3000:]
     assert (tmp_path / "site" / "kimi" / "drafter" / "serving.py").is_file()
+    upstream = (tmp_path / "upstream" / "vllm" / "_version.py").read_text()  # pristine copy for perf_vs_upstream
+    assert "0.26.0" in upstream and "+kimi" not in upstream
     again = _call(clone, tmp_path, 9, KIMI_PYTHON=str(python))
     assert "kit already installed" in again.stdout and "nothing to do" in again.stderr + again.stdout
+    # a caller's command runs after the set-up, with the two sites exported (what perf_vs_upstream.py needs)
+    shown = "import os; print('SITES', os.environ['KIMI_SITE'], os.environ['KIMI_UPSTREAM_SITE'])"
+    full = {**os.environ, "OUT": str(tmp_path / "out10"), "KIMI_KIT_STASH": str(tmp_path / "stash"),
+            "KIMI_SITE": str(tmp_path / "site"), "KIMI_UPSTREAM_SITE": str(tmp_path / "upstream"),
+            "KIMI_PYTHON": str(python)}
+    command = subprocess.run(["bash", "benchmarks/gpu_call.sh", str(python), "-c", shown], cwd=clone, env=full,
+                             capture_output=True, text=True, timeout=900)
+    assert f"SITES {tmp_path / 'site'} {tmp_path / 'upstream'}" in command.stdout, command.stdout[-3000:]
+    steps = [s["step"] for s in json.loads((tmp_path / "out10" / "gpu_call.json").read_text())["steps"]]
+    assert steps[-1] == "command" and "gpu_e2e" not in steps

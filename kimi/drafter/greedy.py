@@ -10,7 +10,8 @@ which is the lowest target id because ``d2t`` maps draft ids to increasing targe
 
 Only the greedy path changes; sampled drafts (``temperature > 0`` with probabilistic draft probs)
 keep upstream's full-vocabulary logits. ``KIMI_DRAFT_GREEDY`` picks the path: ``upstream`` (default:
-the hook is off), ``auto`` (the kernel on CUDA when built, else torch) or ``torch``.
+the hook is off), ``auto`` (the kernel on CUDA when built, else torch), ``torch``, or ``check``: upstream's
+ids are used and the hook's are compared with them at every draft step (:class:`GreedyCheck`).
 
 Off by default: on the H200 (bf16, CUDA graphs; ``benchmarks/results/gpu_e2e-draft-greedy-*.md``)
 the hook gave the same ids with the kernel and with torch, but the EAGLE-3 output of the reference
@@ -27,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 MODE_ENV = "KIMI_DRAFT_GREEDY"
-MODES = ("auto", "torch", "upstream")
+MODES = ("auto", "torch", "upstream", "check")
 
 
 def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -60,10 +61,39 @@ def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tenso
     status = kernel_status() if backend == "auto" and d2t.is_cuda else {"available": False}
     init_logger("vllm.kimi.eagle3").info(
         "EAGLE-3 greedy drafts: argmax over the %d-token draft vocabulary, then d2t (%s), without the "
-        "%s-wide target-vocabulary logits.", d2t.shape[0], "fork CUDA kernel" if status["available"] else "torch",
-        getattr(getattr(model, "config", None), "vocab_size", "target"))
+        "%s-wide target-vocabulary logits%s.", d2t.shape[0], "fork CUDA kernel" if status["available"] else "torch",
+        getattr(getattr(model, "config", None), "vocab_size", "target"),
+        " (check mode: upstream's ids are used and compared)" if mode == "check" else "")
 
     def greedy(hidden_states: torch.Tensor) -> torch.Tensor:
         return draft_argmax(processor(lm_head, hidden_states), d2t, backend=backend)
 
-    return greedy
+    return GreedyCheck(model, greedy) if mode == "check" else greedy
+
+
+class GreedyCheck:
+    """``KIMI_DRAFT_GREEDY=check``: returns upstream's greedy draft ids (``compute_logits(h).argmax(-1)``, the
+    full-vocabulary scatter) and counts, on the device, the rows where the hook's ids differ.
+
+    Attributes:
+        rows: draft rows compared so far (tokens x draft steps).
+        mismatched: int64 scalar tensor on the drafter's device (None before the first call); read it with
+            :meth:`counts`, which synchronizes.
+    """
+
+    def __init__(self, model: torch.nn.Module, hook: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.model, self.hook = model, hook
+        self.rows = 0
+        self.mismatched: torch.Tensor | None = None
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``hidden_states [T, hidden]`` -> upstream's target token ids ``[T]`` int64."""
+        ids = self.model.compute_logits(hidden_states).argmax(dim=-1)
+        differ = (self.hook(hidden_states) != ids).sum()
+        self.mismatched = differ if self.mismatched is None else self.mismatched + differ
+        self.rows += int(hidden_states.shape[0])
+        return ids
+
+    def counts(self) -> dict[str, int]:
+        """``{"rows": compared rows, "mismatched": rows where the hook's id differs from upstream's}``."""
+        return {"rows": self.rows, "mismatched": 0 if self.mismatched is None else int(self.mismatched)}

@@ -1,0 +1,698 @@
+"""Fork versus upstream vLLM side by side on one GPU, with EAGLE-3 and without speculation (issue G).
+
+One GPU call (``benchmarks/gpu_call.sh`` installs upstream 0.26.0, keeps a pristine copy of its ``vllm`` package
+and puts the fork on the installed one)::
+
+    python3 benchmarks/perf_vs_upstream.py --upstream-site /tmp/upstream --fork-site /tmp/site \\
+        --pair .kimi/models/trained --out $OUT
+
+For each model, engines run one at a time, each in its own process with its own ``PYTHONPATH``:
+
+* ``nospec``: the target alone (the fork's vLLM; no patch changes the target's GPU path);
+* ``upstream_k{k}``: upstream 0.26.0 with the EAGLE-3 drafter, k draft tokens;
+* ``fork_k{k}``: the fork with the same drafter and k (``KIMI_DRAFT_GREEDY=auto``: greedy drafts from the draft
+  vocabulary, patch 0009, with the fork's draft-head kernel where ``KIMI_DRAFT_HEAD_LIB`` is set).
+
+Models: ``pair``, the trained reference pair (``kimi models train-pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
+a Kimi-K2-dimension slice with random weights (``kimi.models.kimi_slice``; k = 3) plus a shallower slice
+without speculation, for the per-layer projection below.
+
+Each engine keeps vLLM's defaults (torch.compile, CUDA graphs, async scheduling), prefix caching off, and
+serves every concurrency ``c`` in 1, 4, 16, 64: ``c`` requests submitted at once (greedy, ``--tokens``
+output tokens each, EOS ignored), so the batch holds ``c`` sequences from start to end. Per ``c``:
+
+* ``tok_s``: output tokens / wall time of the batch (best of ``--reps``), ``tpot_ms``: wall time per output
+  token of a request (the batch's wall time / ``--tokens``, prefill included);
+* ``tau``: mean acceptance length, 1 + accepted / drafts, from vLLM's spec-decode counters;
+* step times from a separate timed pass (each call below between two device synchronizations, so they hold
+  the GPU time plus launch overhead and exclude the scheduler): ``t_target_ms`` the target's forward + logits
+  on the decode batch of the ``nospec`` engine; ``t_verify_ms`` the same on the verification batch
+  (``c (k + 1)`` tokens) of the spec engine; ``t_draft_ms`` the drafter's forward passes plus its draft heads
+  per draft token. ``ideal_speedup = tau * t_target / (t_verify + k * t_draft)`` (EAGLE-3's bound with no
+  overhead outside the forward passes).
+
+Kimi slice projection to the 61-layer model at TP 8: the per-MoE-layer time ``t_moe`` is the difference of the
+decode step times of the 4- and 3-layer slices (1 dense + 3 or 2 MoE layers); the 61-layer step is
+``t(L4) + 57 t_moe`` on one GPU and ``t(L4) - 3 t_moe + 60 t_moe / 8`` at TP 8 (MoE layer work split 8 ways;
+embedding, head and the dense layer unsplit; no all-reduce cost). Verification scales by the slice's measured
+``t_verify / t_target``; the drafter is not split. ``break_even_tau`` is the acceptance length at which the
+ideal speed-up is 1.
+
+Writes ``perf_vs_upstream.json``, ``perf_vs_upstream.md`` and ``perf_vs_upstream.png`` (with matplotlib) under
+``--out``; the JSON is rewritten after every engine, so a call stopped by its time limit keeps what finished.
+``--chart-only FILE`` redraws the PNG and markdown from a JSON. ``--cpu-smoke`` runs the same logic on CPU
+(tiny slice, float32, eager, both variants on the fork) and writes under ``--out`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after PYTHONPATH: the variant's site decides which `vllm` is imported
+from kimi.models.kimi_slice import FULL_LAYERS, SPEC_LAYERS  # noqa: E402
+
+CONCURRENCY = (1, 4, 16, 64)
+PAIR_KS = (1, 2, 3, 5)
+SLICE_KS = (3,)
+#: Goal of issue G: fork / upstream on the pair at k = 3 and c <= 16, and the floor everywhere.
+GOAL_PAIR_K3 = 1.10
+GOAL_FLOOR = 0.98
+
+
+def log(msg: str) -> None:
+    print(f"perf [{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- worker: one engine, every concurrency ---------------------------------------------------------------------
+
+class StepTimer:
+    """Wraps the model runner's target forward and logits, the drafter's forward and its draft head, timing
+    each call between two device synchronizations; records ``(tokens, seconds)`` per call and name."""
+
+    def __init__(self, sync) -> None:
+        self.sync = sync
+        self.calls: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.undo: list = []
+
+    def timed(self, name: str, fn, tokens):
+        def call(*args, **kwargs):
+            self.sync()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.sync()
+            self.calls[name].append((tokens(args, kwargs), time.perf_counter() - t0))
+            return out
+        return call
+
+    def install(self, worker) -> None:
+        runner = worker.model_runner
+
+        def forward_tokens(args, kwargs) -> int:
+            for key in ("positions", "input_ids", "inputs_embeds"):
+                if kwargs.get(key) is not None:
+                    return int(kwargs[key].shape[-1] if key == "positions" else kwargs[key].shape[0])
+            return -1
+
+        def rows(args, kwargs) -> int:
+            return int((args[0] if args else next(iter(kwargs.values()))).shape[0])
+
+        self._swap(runner, "_model_forward", self.timed("target_forward", runner._model_forward, forward_tokens))
+        self._swap(runner.model, "compute_logits", self.timed("target_logits", runner.model.compute_logits, rows))
+        drafter = getattr(runner, "drafter", None)
+        if drafter is not None and hasattr(drafter, "_greedy_sample"):
+            inner = drafter.model
+            self._swap(drafter, "model", _Proxy(inner, self.timed("draft_forward", inner, forward_tokens)))
+            self._swap(drafter, "_greedy_sample", self.timed("draft_head", drafter._greedy_sample, rows))
+
+    def _swap(self, obj, name: str, value) -> None:
+        had = name in vars(obj)
+        old = vars(obj).get(name)
+        setattr(obj, name, value)
+        self.undo.append((obj, name, had, old))
+
+    def uninstall(self) -> None:
+        for obj, name, had, old in reversed(self.undo):
+            if had:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+        self.undo.clear()
+
+
+class _Proxy:
+    """Calls go to ``call``; attributes to the wrapped module (the drafter's ``compute_logits``, ``lm_head``...);
+    ``isinstance`` sees the wrapped module's class (the proposer asserts the drafter's type)."""
+
+    def __init__(self, inner, call) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_call", call)
+
+    @property
+    def __class__(self):  # noqa: D105 - isinstance() falls back to __class__
+        return type(self._inner)
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def _timer_install(worker) -> None:
+    """``collective_rpc`` target: a :class:`StepTimer` on the worker's model runner (kept on the worker, so the
+    call works whether the executor runs it in this process or ships it pickled to another)."""
+    import torch
+
+    worker.kimi_step_timer = StepTimer(torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
+    worker.kimi_step_timer.install(worker)
+
+
+def _timer_collect(worker) -> dict[str, list[tuple[int, float]]]:
+    """``collective_rpc`` target: remove the worker's :class:`StepTimer` and return its records."""
+    timer = worker.kimi_step_timer
+    timer.uninstall()
+    del worker.kimi_step_timer
+    return dict(timer.calls)
+
+
+def _greedy_counts(worker) -> dict[str, int] | None:
+    """``collective_rpc`` target: the drafter's ``KIMI_DRAFT_GREEDY=check`` counts (kimi.drafter.greedy.GreedyCheck)."""
+    check = getattr(getattr(worker.model_runner, "drafter", None), "draft_greedy", None)
+    return check.counts() if hasattr(check, "counts") else None
+
+
+def step_times(calls: dict[str, list[tuple[int, float]]]) -> dict:
+    """Step times in ms from :class:`StepTimer` records.
+
+    ``target_ms``: forward + logits at the most frequent forward size (the steady decode or verification batch;
+    prefill calls have other sizes); ``draft_per_token_ms``: all drafter forward and draft-head time divided by
+    the number of draft-head calls (one per draft token), None without a drafter.
+    """
+    forward = calls.get("target_forward", [])
+    if not forward:
+        return {}
+    shape = Counter(t for t, _ in forward).most_common(1)[0][0]
+    fwd = [s for t, s in forward if t == shape]
+    logit_calls = calls.get("target_logits", [])
+    # logits run once per forward; pair them by order with the forwards of the steady size
+    paired = [lg for (t, _), (_, lg) in zip(forward, logit_calls, strict=False) if t == shape]
+    out = {"target_tokens": shape, "target_ms": 1e3 * (statistics.mean(fwd) + (statistics.mean(paired)
+                                                                               if paired else 0.0)),
+           "target_calls": len(fwd)}
+    heads = calls.get("draft_head", [])
+    if heads:
+        drafted = sum(s for _, s in calls.get("draft_forward", [])) + sum(s for _, s in heads)
+        out["draft_per_token_ms"] = 1e3 * drafted / len(heads)
+        out["draft_heads"] = len(heads)
+    return out
+
+
+def run_engine(job: dict) -> dict:
+    """Start one engine, measure every concurrency of ``job``, shut it down."""
+    import vllm  # first: the variant's PYTHONPATH decides which vLLM this is
+    from vllm import LLM, SamplingParams
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_e2e import _device, _engine_info
+    from kimi.e2e.engine import spec_metrics
+
+    t0 = time.monotonic()
+    llm = LLM(model=job["target"], speculative_config=job["spec"], disable_log_stats=False, **job["engine"])
+    result = {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__, "start_s": round(time.monotonic() - t0, 1),
+              "engine": _engine_info(llm), "device": _device(), "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"),
+              "by_concurrency": {}}
+    prompts, tokens = job["prompts"], job["tokens"]
+    try:
+        for c in job["concurrency"]:
+            batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
+            params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+            llm.generate(batch, params, use_tqdm=False)  # warm-up: lazily compiled kernels, every batch shape
+            before = spec_metrics(llm.get_metrics())
+            walls = []
+            for _ in range(job["reps"]):
+                t1 = time.perf_counter()
+                outputs = llm.generate(batch, params, use_tqdm=False)
+                walls.append(time.perf_counter() - t1)
+            after = spec_metrics(llm.get_metrics())
+            produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+            drafts = after["num_drafts"] - before["num_drafts"]
+            accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+            wall = min(walls)
+            entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls,
+                     "output_tokens": produced, "drafts": drafts, "accepted": accepted,
+                     "tau": 1 + accepted / drafts if drafts else None,
+                     "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
+            llm.collective_rpc(_timer_install)
+            try:
+                llm.generate(batch, SamplingParams(temperature=0, max_tokens=min(tokens, 48), ignore_eos=True,
+                                                   detokenize=False), use_tqdm=False)
+            finally:
+                calls = llm.collective_rpc(_timer_collect)[0]
+            entry["steps"] = step_times(calls)
+            result["by_concurrency"][str(c)] = entry
+            log(f"{job['name']} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}, steps {entry['steps']}")
+        if os.environ.get("KIMI_DRAFT_GREEDY") == "check":
+            result["greedy_check"] = llm.collective_rpc(_greedy_counts)[0]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def worker_main(job_path: Path, result_path: Path) -> int:
+    job = json.loads(job_path.read_text())
+    try:
+        result = {"status": "done", **run_engine(job)}
+    except Exception:
+        result = {"status": "error", "error": traceback.format_exc()[-4000:]}
+        print(result["error"], flush=True)
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path)
+    return 0 if result["status"] == "done" else 1
+
+
+# -- orchestration -------------------------------------------------------------------------------------------
+
+def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
+         slice_dirs: dict[str, str] | None) -> list[dict]:
+    """The engines to run, in order: per model the baseline first, then upstream/fork pairs by k (3 first)."""
+    jobs: list[dict] = []
+    base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps}
+    if not args.cpu_smoke:
+        # CUDA graphs for exactly the batch sizes measured (decode c, verification c (k + 1)), the same for both
+        # variants: vLLM's default list (up to 512 sizes' worth of captures per engine) costs minutes per start
+        sizes = sorted({c * (k + 1) for c in args.concurrency for k in {0, *args.ks, *args.slice_ks}})
+        args.engine = {**args.engine, "compilation_config": {"cudagraph_capture_sizes": sizes}}
+
+    def spec(drafter: str, k: int) -> dict:
+        return {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
+
+    def order(ks) -> list[int]:
+        return sorted(ks, key=lambda k: (k != 3, k))
+
+    if pair_prompts is not None:
+        engine = {**args.engine, "kv_cache_memory_bytes": 2 << 30}
+        common = {**base, "model": "pair", "prompts": pair_prompts, "engine": engine,
+                  "target": str(args.pair / "target")}
+        jobs.append({**common, "name": "pair/nospec", "variant": "nospec", "k": 0, "spec": None})
+        for k in order(args.ks):
+            for variant in ("upstream", "fork"):
+                jobs.append({**common, "name": f"pair/{variant}_k{k}", "variant": variant, "k": k,
+                             "spec": spec(str(args.pair / "drafter"), k)})
+        if args.check:
+            jobs.append(check_job(common, str(args.pair / "drafter")))
+    if slice_dirs is not None:
+        engine = {**args.engine, "load_format": "dummy", "skip_tokenizer_init": True,
+                  "kv_cache_memory_bytes": args.slice_kv_gib << 30}
+        vocab = json.loads(Path(slice_dirs["drafter"], "config.json").read_text())["draft_vocab_size"]
+        # random weights: any ids do; 96..159 tokens each, inside the draft vocabulary (d2t is the identity)
+        prompts = [[(7919 * i + 104729 * j) % (vocab - 2) + 2 for j in range(96 + (i * 13) % 64)]
+                   for i in range(max(args.concurrency))]
+        common = {**base, "model": "kimi_slice", "prompts": prompts, "engine": engine, "tokens": args.slice_tokens,
+                  "target": slice_dirs[f"target-L{SPEC_LAYERS}"]}
+        jobs.append({**common, "name": "kimi_slice/nospec", "variant": "nospec", "k": 0, "spec": None})
+        for k in order(args.slice_ks):
+            for variant in ("upstream", "fork"):
+                jobs.append({**common, "name": f"kimi_slice/{variant}_k{k}", "variant": variant, "k": k,
+                             "spec": spec(slice_dirs["drafter"], k)})
+        jobs.append({**common, "name": "kimi_slice/nospec_shallow", "variant": "nospec", "k": 0, "spec": None,
+                     "target": slice_dirs[f"target-L{SPEC_LAYERS - 1}"]})
+        if args.check:
+            jobs.append(check_job(common, slice_dirs["drafter"]))
+    return jobs
+
+
+def check_job(common: dict, drafter: str, k: int = 3) -> dict:
+    """The fork with ``KIMI_DRAFT_GREEDY=check`` (upstream's draft ids, the hook's compared at every draft step)
+    at the largest concurrency only: does patch 0009 give upstream's ids on this device?"""
+    return {**common, "name": f"{common['model']}/check_k{k}", "variant": "fork", "greedy": "check", "k": k,
+            "spec": {"method": "eagle3", "model": drafter, "num_speculative_tokens": k},
+            "concurrency": [max(common["concurrency"])]}
+
+
+def variant_env(args: argparse.Namespace, variant: str, scratch: Path, greedy: str | None = None) -> dict:
+    env = dict(os.environ)
+    site = args.upstream_site if variant == "upstream" else args.fork_site
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (site, ROOT) if p)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env["VLLM_CACHE_ROOT"] = str(scratch / f"vllm-cache-{variant}")  # compile caches never shared across variants
+    env["KIMI_DRAFT_GREEDY"] = "upstream" if variant == "upstream" else (greedy or args.fork_greedy)
+    return env
+
+
+def run_job(args: argparse.Namespace, job: dict, scratch: Path, deadline: float) -> dict:
+    name = job["name"].replace("/", "-")
+    job_path, result_path = scratch / f"{name}.job.json", scratch / f"{name}.result.json"
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    log_path = args.out / "logs" / f"{name}.log"
+    limit = min(args.job_timeout_s, deadline - time.monotonic())
+    began = time.monotonic()
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path),
+                                 str(result_path)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=variant_env(args, job["variant"], scratch, job.get("greedy")),
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=max(1.0, limit))
+        except subprocess.TimeoutExpired:
+            from gpu_e2e import _kill, _tail
+
+            _kill(proc)
+            return {"status": "timeout", "error": f"killed after {limit:.0f} s:\n{_tail(log_path)}",
+                    "seconds": round(time.monotonic() - began, 1)}
+    if result_path.is_file():
+        result = json.loads(result_path.read_text())
+    else:
+        from gpu_e2e import _tail
+
+        result = {"status": "error", "error": f"worker exited with {proc.returncode}:\n{_tail(log_path)}"}
+    result["seconds"] = round(time.monotonic() - began, 1)
+    return result
+
+
+def _ratio(a, b) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
+    """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields)."""
+    out = []
+    done = {j["name"]: (j, runs[j["name"]]) for j in jobs if runs.get(j["name"], {}).get("status") == "done"}
+    for job, result in done.values():
+        if job["variant"] != "fork" or job.get("greedy"):
+            continue
+        model, k = job["model"], job["k"]
+        up = done.get(f"{model}/upstream_k{k}", (None, {}))[1]
+        base = done.get(f"{model}/nospec", (None, {}))[1]
+        for c, fork_c in result["by_concurrency"].items():
+            up_c = up.get("by_concurrency", {}).get(c, {})
+            base_c = base.get("by_concurrency", {}).get(c, {})
+            steps, base_steps = fork_c.get("steps", {}), base_c.get("steps", {})
+            t_target, t_verify = base_steps.get("target_ms"), steps.get("target_ms")
+            t_draft, tau = steps.get("draft_per_token_ms"), fork_c.get("tau")
+            ideal = (tau * t_target / (t_verify + k * t_draft)
+                     if None not in (tau, t_target, t_verify, t_draft) else None)
+            out.append({
+                "model": model, "concurrency": int(c), "k": k,
+                "fork_tok_s": round(fork_c["tok_s"], 1), "upstream_tok_s": round(up_c["tok_s"], 1) if up_c else None,
+                "nospec_tok_s": round(base_c["tok_s"], 1) if base_c else None,
+                "fork_vs_upstream": _ratio(fork_c["tok_s"], up_c.get("tok_s")),
+                "fork_vs_nospec": _ratio(fork_c["tok_s"], base_c.get("tok_s")),
+                "upstream_vs_nospec": _ratio(up_c.get("tok_s"), base_c.get("tok_s")),
+                "tau": round(tau, 3) if tau else None,
+                "tau_upstream": round(up_c["tau"], 3) if up_c.get("tau") else None,
+                "tpot_ms_fork": round(fork_c["tpot_ms"], 3),
+                "tpot_ms_upstream": round(up_c["tpot_ms"], 3) if up_c else None,
+                "tpot_ms_nospec": round(base_c["tpot_ms"], 3) if base_c else None,
+                "t_target_ms": round(t_target, 4) if t_target else None,
+                "t_verify_ms": round(t_verify, 4) if t_verify else None,
+                "t_draft_ms": round(t_draft, 4) if t_draft else None,
+                "t_draft_ms_upstream": round(up_c["steps"]["draft_per_token_ms"], 4)
+                if up_c.get("steps", {}).get("draft_per_token_ms") else None,
+                "ideal_speedup": round(ideal, 3) if ideal else None,
+            })
+    return sorted(out, key=lambda r: (r["model"], r["k"], r["concurrency"]))
+
+
+def projection(runs: dict[str, dict], rows: list[dict]) -> dict:
+    """The 61-layer TP 8 projection of the Kimi slice (module docstring), per concurrency with a k = 3 row."""
+    deep, shallow = runs.get("kimi_slice/nospec", {}), runs.get("kimi_slice/nospec_shallow", {})
+    if deep.get("status") != "done" or shallow.get("status") != "done":
+        return {}
+    out = {}
+    for row in rows:
+        if row["model"] != "kimi_slice":
+            continue
+        c = str(row["concurrency"])
+        t_deep = deep["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
+        t_shallow = shallow["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
+        if not (t_deep and t_shallow and row["t_verify_ms"] and row["t_draft_ms"]):
+            continue
+        t_moe = t_deep - t_shallow
+        moe_here, moe_full = SPEC_LAYERS - 1, FULL_LAYERS - 1
+        one_gpu = t_deep + (moe_full - moe_here) * t_moe
+        tp8 = t_deep - moe_here * t_moe + moe_full * t_moe / 8
+        verify_ratio = row["t_verify_ms"] / t_deep
+        k = row["k"]
+        spent = verify_ratio * tp8 + k * row["t_draft_ms"]
+        out[f"c{c}_k{k}"] = {"t_moe_layer_ms": round(t_moe, 4), "t_target_61_1gpu_ms": round(one_gpu, 3),
+                             "t_target_61_tp8_ms": round(tp8, 3), "t_verify_61_tp8_ms": round(verify_ratio * tp8, 3),
+                             "t_draft_ms": row["t_draft_ms"], "break_even_tau": round(spent / tp8, 3),
+                             "ideal_speedup_at_tau_3": round(3 * tp8 / spent, 3)}
+    return out
+
+
+def same_as_nospec(runs: dict[str, dict], jobs: list[dict]) -> dict:
+    """``{engine: {c: [identical sequences, sequences]}}``: each speculative engine's greedy output against its
+    model's ``nospec`` engine, batch by batch (bf16 numerics may flip near-tied tokens; the count says how often)."""
+    out: dict = {}
+    for job in jobs:
+        result, base = runs.get(job["name"], {}), runs.get(f"{job['model']}/nospec", {})
+        if not job["spec"] or result.get("status") != "done" or base.get("status") != "done":
+            continue
+        out[job["name"]] = {}
+        for c, entry in result["by_concurrency"].items():
+            ref = base["by_concurrency"].get(c, {}).get("tokens")
+            if ref and entry.get("tokens"):
+                out[job["name"]][c] = [sum(a == b for a, b in zip(entry["tokens"], ref, strict=True)), len(ref)]
+    return out
+
+
+def _without_tokens(result: dict) -> dict:
+    if "by_concurrency" not in result:
+        return result
+    return {**result, "by_concurrency": {c: {k: v for k, v in e.items() if k != "tokens"}
+                                         for c, e in result["by_concurrency"].items()}}
+
+
+def goal(rows: list[dict]) -> dict:
+    pair_k3 = [r["fork_vs_upstream"] for r in rows
+               if r["model"] == "pair" and r["k"] == 3 and r["concurrency"] <= 16 and r["fork_vs_upstream"]]
+    every = [r["fork_vs_upstream"] for r in rows if r["fork_vs_upstream"]]
+    return {"pair_k3_c1_16_min": min(pair_k3) if pair_k3 else None,
+            "pair_k3_c1_16_met": bool(pair_k3) and min(pair_k3) >= GOAL_PAIR_K3,
+            "min_anywhere": min(every) if every else None,
+            "floor_met": bool(every) and min(every) >= GOAL_FLOOR}
+
+
+def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".perf_vs_upstream.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(out / "perf_vs_upstream.json")
+    settings, versions = summary["settings"], summary["versions"]
+    lines = ["# Fork versus upstream vLLM on one GPU (issue G)", "",
+             f"- command: `{summary['command']}`", f"- date: {summary['date']}", f"- hardware: {summary['device']}",
+             (f"- vLLM: fork {versions.get('fork')}, upstream {versions.get('upstream')}; "
+              f"fork greedy drafts: KIMI_DRAFT_GREEDY={settings['fork_greedy']}"),
+             (f"- output tokens per request: {settings['tokens']} (pair), {settings.get('slice_tokens')} "
+              f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"),
+             f"- goal: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16: {summary['goal']}", "",
+             ("| model | c | k | fork tok/s | upstream tok/s | no-spec tok/s | fork/upstream | fork/no-spec | tau "
+              "| t_target ms | t_verify ms | t_draft ms (fork / upstream) | ideal |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} | {r['upstream_tok_s']} "
+                     f"| {r['nospec_tok_s']} | {r['fork_vs_upstream']} | {r['fork_vs_nospec']} | {r['tau']} "
+                     f"| {r['t_target_ms']} | {r['t_verify_ms']} | {r['t_draft_ms']} / {r['t_draft_ms_upstream']} "
+                     f"| {r['ideal_speedup']} |")
+    if summary.get("projection"):
+        lines += ["", "Kimi slice projected to 61 layers at TP 8 (module docstring of benchmarks/perf_vs_upstream.py):",
+                  "", ("| c, k | t_moe/layer ms | 61 layers 1 GPU ms | 61 layers TP8 ms | verify TP8 ms | draft ms "
+                       "| break-even tau | ideal at tau 3 |"), "|---|---|---|---|---|---|---|---|"]
+        for key, p in summary["projection"].items():
+            lines.append(f"| {key} | {p['t_moe_layer_ms']} | {p['t_target_61_1gpu_ms']} | {p['t_target_61_tp8_ms']} "
+                         f"| {p['t_verify_61_tp8_ms']} | {p['t_draft_ms']} | {p['break_even_tau']} "
+                         f"| {p['ideal_speedup_at_tau_3']} |")
+    if summary.get("greedy_check"):
+        lines += ["", ("Patch 0009 check (KIMI_DRAFT_GREEDY=check: upstream's draft ids used, the hook's compared "
+                       f"at every draft step): {summary['greedy_check']}")]
+    if summary.get("same_as_nospec"):
+        lines += ["", "Greedy output identical to the same model without speculation (sequences, per concurrency): "
+                  + "; ".join(f"{n}: " + ", ".join(f"c{c} {a}/{b}" for c, (a, b) in v.items())
+                              for n, v in summary["same_as_nospec"].items())]
+    failed = {n: r.get("status") for n, r in summary["runs"].items() if r.get("status") != "done"}
+    if failed:
+        lines += ["", f"Engines that did not finish: {failed}"]
+    tmp = out / ".perf_vs_upstream.md.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(out / "perf_vs_upstream.md")
+    if chart:
+        draw_chart(summary, out / "perf_vs_upstream.png")
+
+
+def draw_chart(summary: dict, path: Path) -> bool:
+    """Output tokens/s against concurrency for fork, upstream, no speculation and the ideal bound
+    (``ideal_speedup x`` no-spec tokens/s), one panel per model at k = 3. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not importable here: no PNG (redraw with --chart-only where it is)")
+        return False
+    models = sorted({r["model"] for r in summary["rows"]})
+    if not models:
+        return False
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        rows = sorted((r for r in summary["rows"] if r["model"] == model and r["k"] == 3),
+                      key=lambda r: r["concurrency"])
+        c = [r["concurrency"] for r in rows]
+        for key, label, style in (("fork_tok_s", "fork", "o-"), ("upstream_tok_s", "upstream 0.26.0", "s--"),
+                                  ("nospec_tok_s", "no speculation", "^:")):
+            ax.plot(c, [r[key] for r in rows], style, label=label)
+        ideal = [(r["concurrency"], r["ideal_speedup"] * r["nospec_tok_s"]) for r in rows
+                 if r["ideal_speedup"] and r["nospec_tok_s"]]
+        if ideal:
+            ax.plot(*zip(*ideal, strict=True), "k-", alpha=0.35, label="ideal bound (tau, step times)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(c, [str(x) for x in c])
+        ax.set_xlabel("concurrency (requests at once)")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"{model}, EAGLE-3 k = 3")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{summary['device']} - {summary['date'][:10]}")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return True
+
+
+def summarize(args: argparse.Namespace, jobs: list[dict], runs: dict[str, dict], started: float) -> dict:
+    done = [r for r in runs.values() if r.get("status") == "done"]
+    device = done[0]["device"] if done else {}
+    versions = {}
+    for job in jobs:
+        r = runs.get(job["name"], {})
+        if r.get("status") == "done":
+            versions.setdefault("upstream" if job["variant"] == "upstream" else "fork", r["vllm_version"])
+    rows = rows_of(runs, jobs)
+    return {
+        "device": (f"{device.get('name')} ({device.get('memory_gib')} GiB, sm_{device.get('capability')}), "
+                   f"torch {device.get('torch')}, CUDA {device.get('cuda')}") if device.get("cuda")
+        else device.get("name"),
+        "date": args.date, "command": args.command, "versions": versions,
+        "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "slice_tokens": args.slice_tokens,
+                     "reps": args.reps, "ks": args.ks,
+                     "slice_ks": args.slice_ks, "engine": args.engine, "fork_greedy": args.fork_greedy,
+                     "profile": "cpu-smoke" if args.cpu_smoke else "gpu"},
+        "rows": rows, "projection": projection(runs, rows), "goal": goal(rows),
+        "same_as_nospec": same_as_nospec(runs, jobs),
+        "greedy_check": {j["name"]: runs[j["name"]].get("greedy_check") for j in jobs
+                         if j.get("greedy") == "check" and runs.get(j["name"], {}).get("status") == "done"},
+        "runs": {j["name"]: _without_tokens(runs.get(j["name"], {"status": "not run"})) for j in jobs},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def combine(parts: list[dict]) -> dict:
+    """One result from the results of several calls (one GPU call per model fits the device's time limit):
+    rows, runs, checks and projections are joined, the goal is recomputed, each call's command is kept.
+
+    Raises:
+        ValueError: the parts come from different devices or vLLM versions.
+    """
+    first = parts[0]
+    for part in parts[1:]:
+        if part["device"] != first["device"] or any(part["versions"].get(k, v) != v
+                                                    for k, v in first["versions"].items()):
+            raise ValueError(f"cannot combine results of {part['device']} {part['versions']} with "
+                             f"{first['device']} {first['versions']}")
+    rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: (r["model"], r["k"], r["concurrency"]))
+    merged = {key: {k: v for part in parts for k, v in part.get(key, {}).items()}
+              for key in ("versions", "projection", "same_as_nospec", "greedy_check", "runs")}
+    return {**first, **merged, "rows": rows, "goal": goal(rows),
+            "command": " ; ".join(part["command"] for part in parts),
+            "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--upstream-site", type=Path, help="folder holding upstream vLLM's pristine `vllm` package")
+    parser.add_argument("--fork-site", type=Path, help="folder holding the fork's `vllm` (install-into'd site)")
+    parser.add_argument("--pair", type=Path, default=ROOT / ".kimi" / "models" / "trained",
+                        help="the trained reference pair (target/, drafter/)")
+    parser.add_argument("--models", nargs="+", default=["pair", "kimi_slice"], choices=["pair", "kimi_slice"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))
+    parser.add_argument("--slice-ks", type=int, nargs="+", default=list(SLICE_KS))
+    parser.add_argument("--tokens", type=int, default=128, help="output tokens per request")
+    parser.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--slice-kv-gib", type=int, default=8)
+    parser.add_argument("--fork-greedy", default="auto", help="KIMI_DRAFT_GREEDY for the fork's engines")
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="leave out the KIMI_DRAFT_GREEDY=check engine of each model")
+    parser.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 540)))
+    parser.add_argument("--job-timeout-s", type=float, default=240)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/perf_vs_upstream"))
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--chart-only", type=Path, metavar="JSON", help="redraw PNG and markdown from a result JSON")
+    parser.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+                        help="merge the results of several calls (e.g. one per model) into --out")
+    parser.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(*args.worker)
+    if args.chart_only:
+        summary = json.loads(args.chart_only.read_text())
+        write_outputs(args.chart_only.parent, summary)
+        return 0
+    if args.combine:
+        write_outputs(args.out, combine([json.loads(path.read_text()) for path in args.combine]))
+        return 0
+    started = time.monotonic()
+    deadline = started + args.budget_s
+    given = argv if argv is not None else sys.argv[1:]
+    args.command = " ".join(["python3", "benchmarks/perf_vs_upstream.py", *given])
+    args.date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    args.engine = ({"dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "seed": 0,
+                    "enable_prefix_caching": False} if args.cpu_smoke else
+                   {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "enable_prefix_caching": False,
+                    "max_num_seqs": max(args.concurrency)})
+    if args.cpu_smoke:
+        args.upstream_site = args.upstream_site or args.fork_site
+    if not args.upstream_site or not args.fork_site:
+        parser.error("--upstream-site and --fork-site are required (the same folder with --cpu-smoke is allowed)")
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+    pair_prompts = slice_dirs = None
+    if "pair" in args.models:
+        from gpu_e2e import code_prompts
+
+        if not (args.pair / "MANIFEST.json").is_file():
+            raise SystemExit(f"perf: no trained pair in {args.pair} (python3 -m kimi models train-pair)")
+        pair_prompts = code_prompts(args.pair / "target" / "tokenizer.json", max(args.concurrency), 256)
+    if "kimi_slice" in args.models:
+        from kimi.models.kimi_slice import TINY, SliceDims, write_slice
+
+        slice_dirs = write_slice(args.scratch / "kimi-slice", layers=(SPEC_LAYERS - 1, SPEC_LAYERS),
+                                 dims=TINY if args.cpu_smoke else SliceDims())
+    jobs = plan(args, pair_prompts, slice_dirs)
+    log(f"{len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}")
+    runs: dict[str, dict] = {}
+    for job in jobs:
+        if deadline - time.monotonic() < 40:
+            runs[job["name"]] = {"status": "skipped", "error": "time budget"}
+            continue
+        log(f"{job['name']}: starting")
+        runs[job["name"]] = run_job(args, job, args.scratch, deadline)
+        r = runs[job["name"]]
+        log(f"{job['name']}: {r['status']} in {r['seconds']} s" + (f" (start {r.get('start_s')} s)"
+                                                                   if r["status"] == "done" else
+                                                                   f": {r.get('error', '').strip()[-300:]}"))
+        write_outputs(args.out, summarize(args, jobs, runs, started), chart=False)
+    summary = summarize(args, jobs, runs, started)
+    write_outputs(args.out, summary)
+    mismatch = [v for n, v in summary["versions"].items() if ("+kimi." in (v or "")) != (n == "fork")]
+    if mismatch and not args.cpu_smoke:
+        log(f"version mix-up: {summary['versions']} (upstream must be plain 0.26.0, the fork +kimi)")
+        return 1
+    log(f"rows: {len(summary['rows'])}, goal {summary['goal']}")
+    return 0 if all(r.get("status") == "done" for r in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""benchmarks/perf_vs_upstream.py without a GPU: step times, rows, the ideal bound, the projection, the goal,
+and the Kimi slice's configs (accepted by ``kimi drafter inspect``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import perf_vs_upstream as perf  # noqa: E402
+
+from kimi.models import kimi_slice  # noqa: E402
+
+
+def test_step_times_take_the_steady_batch_and_spread_draft_time_over_draft_tokens() -> None:
+    calls = {"target_forward": [(512, 0.5), (4, 0.002), (4, 0.004), (4, 0.003)],
+             "target_logits": [(512, 0.1), (4, 0.001), (4, 0.001), (4, 0.001)],
+             "draft_forward": [(16, 0.004), (4, 0.002)], "draft_head": [(4, 0.001)] * 3}
+    steps = perf.step_times(calls)
+    assert steps["target_tokens"] == 4 and steps["target_calls"] == 3
+    assert steps["target_ms"] == pytest.approx(3.0 + 1.0)
+    assert steps["draft_per_token_ms"] == pytest.approx((6 + 3) / 3)
+    assert perf.step_times({}) == {}
+
+
+def _result(tok_s: float, tau: float | None, target_ms: float, draft_ms: float | None = None) -> dict:
+    steps = {"target_ms": target_ms, **({"draft_per_token_ms": draft_ms} if draft_ms else {})}
+    return {"status": "done", "by_concurrency": {"4": {"tok_s": tok_s, "tpot_ms": 1.0, "tau": tau, "steps": steps,
+                                                      "tokens": [[1, 2], [3, 4]]}}}
+
+
+def _jobs(model: str = "pair", k: int = 3) -> list[dict]:
+    spec = {"method": "eagle3"}
+    return [{"name": f"{model}/nospec", "model": model, "variant": "nospec", "k": 0, "spec": None},
+            {"name": f"{model}/upstream_k{k}", "model": model, "variant": "upstream", "k": k, "spec": spec},
+            {"name": f"{model}/fork_k{k}", "model": model, "variant": "fork", "k": k, "spec": spec},
+            {"name": f"{model}/check_k{k}", "model": model, "variant": "fork", "greedy": "check", "k": k,
+             "spec": spec}]
+
+
+def test_rows_ratios_and_ideal_speedup() -> None:
+    runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
+            "pair/fork_k3": _result(198.0, 2.5, 2.4, 0.4), "pair/check_k3": _result(1.0, 2.5, 2.4, 0.5)}
+    rows = perf.rows_of(runs, _jobs())
+    assert len(rows) == 1  # the check engine is not a row
+    row = rows[0]
+    assert (row["fork_vs_upstream"], row["fork_vs_nospec"], row["upstream_vs_nospec"]) == (1.1, 1.98, 1.8)
+    # tau * t_target / (t_verify + k t_draft) = 2.5 * 2.0 / (2.4 + 3 * 0.4)
+    assert row["ideal_speedup"] == pytest.approx(2.5 * 2.0 / 3.6, abs=1e-3)
+    assert row["t_draft_ms_upstream"] == 0.5
+    goal = perf.goal(rows)
+    assert goal["pair_k3_c1_16_met"] and goal["floor_met"] and goal["min_anywhere"] == 1.1
+
+
+def test_goal_fails_below_the_floor() -> None:
+    rows = [{"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.2},
+            {"model": "pair", "k": 1, "concurrency": 64, "fork_vs_upstream": 0.97}]
+    goal = perf.goal(rows)
+    assert goal["pair_k3_c1_16_met"] and not goal["floor_met"] and goal["min_anywhere"] == 0.97
+
+
+def test_same_as_nospec_counts_identical_sequences() -> None:
+    runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/fork_k3": _result(150.0, 2.0, 2.4, 0.4)}
+    runs["pair/fork_k3"]["by_concurrency"]["4"]["tokens"] = [[1, 2], [3, 5]]
+    assert perf.same_as_nospec(runs, _jobs()) == {"pair/fork_k3": {"4": [1, 2]}}
+
+
+def test_projection_from_two_slice_depths() -> None:
+    # 4-layer slice 10 ms, 3-layer 8 ms: 2 ms per MoE layer
+    runs = {"kimi_slice/nospec": _result(1.0, None, 10.0), "kimi_slice/nospec_shallow": _result(1.0, None, 8.0)}
+    rows = [{"model": "kimi_slice", "concurrency": 4, "k": 3, "t_verify_ms": 12.0, "t_draft_ms": 1.0}]
+    p = perf.projection(runs, rows)["c4_k3"]
+    moe_full, moe_here = kimi_slice.FULL_LAYERS - 1, kimi_slice.SPEC_LAYERS - 1
+    tp8 = 10.0 - moe_here * 2.0 + moe_full * 2.0 / 8
+    assert p["t_moe_layer_ms"] == 2.0
+    assert p["t_target_61_1gpu_ms"] == pytest.approx(10.0 + (moe_full - moe_here) * 2.0)
+    assert p["t_target_61_tp8_ms"] == pytest.approx(tp8)
+    spent = 1.2 * tp8 + 3 * 1.0
+    assert p["break_even_tau"] == pytest.approx(spent / tp8, abs=1e-3)
+    assert perf.projection({}, rows) == {}
+
+
+def test_markdown_and_json_are_written(tmp_path: Path) -> None:
+    runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
+            "pair/fork_k3": _result(198.0, 2.5, 2.4, 0.4)}
+    jobs = _jobs()[:3]
+    rows = perf.rows_of(runs, jobs)
+    summary = {"command": "x", "date": "2026-11-30T00:00:00+00:00", "device": "test", "versions": {},
+               "settings": {"fork_greedy": "auto", "tokens": 8, "slice_tokens": 4, "reps": 1}, "rows": rows,
+               "projection": {},
+               "goal": perf.goal(rows), "same_as_nospec": perf.same_as_nospec(runs, jobs), "greedy_check": {},
+               "runs": {n: perf._without_tokens(r) for n, r in runs.items()}}
+    perf.write_outputs(tmp_path, summary, chart=False)
+    text = (tmp_path / "perf_vs_upstream.md").read_text()
+    assert "| pair | 4 | 3 | 198.0 | 180.0 | 100.0 | 1.1 |" in text
+    data = json.loads((tmp_path / "perf_vs_upstream.json").read_text())
+    assert "tokens" not in data["runs"]["pair/fork_k3"]["by_concurrency"]["4"]
+
+
+def test_slice_ids_skip_the_embedding_output_and_need_four_layers() -> None:
+    assert kimi_slice.aux_ids(4) == [1, 2, 3]
+    with pytest.raises(ValueError, match="at least 4 layers"):
+        kimi_slice.aux_ids(3)
+
+
+def test_slice_configs_pass_the_drafter_checks(tmp_path: Path) -> None:
+    folders = kimi_slice.write_slice(tmp_path, layers=(3, 4))
+    target = json.loads(Path(folders["target-L4"], "config.json").read_text())
+    assert (target["hidden_size"], target["num_attention_heads"], target["n_routed_experts"],
+            target["num_experts_per_tok"], target["vocab_size"]) == (7168, 64, 384, 8, 163840)
+    result = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", folders["drafter"], "--target",
+                             folders["target-L4"], "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["problems"] == [] and report["aux_layer_ids"] == [1, 2, 3]
+
+
+def test_results_of_two_calls_combine_and_different_devices_do_not() -> None:
+    part = {"device": "H200", "versions": {"fork": "0.26.0+kimi.1.cuda"}, "date": "2026-11-30T09:00:00+00:00",
+            "command": "a", "seconds": 10, "settings": {}, "projection": {}, "same_as_nospec": {}, "greedy_check": {},
+            "runs": {"pair/fork_k3": {}},
+            "rows": [{"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.0}]}
+    other = {**part, "command": "b", "runs": {"kimi_slice/fork_k3": {}}, "projection": {"c4_k3": {}},
+             "rows": [{"model": "kimi_slice", "k": 3, "concurrency": 4, "fork_vs_upstream": 0.99}]}
+    both = perf.combine([part, other])
+    assert [r["model"] for r in both["rows"]] == ["kimi_slice", "pair"]
+    assert set(both["runs"]) == {"pair/fork_k3", "kimi_slice/fork_k3"} and both["projection"] == {"c4_k3": {}}
+    assert both["goal"]["min_anywhere"] == 0.99 and both["command"] == "a ; b" and both["seconds"] == 20
+    with pytest.raises(ValueError, match="cannot combine"):
+        perf.combine([part, {**other, "device": "B200"}])
