@@ -323,8 +323,9 @@ def check_job(common: dict, drafter: str, k: int = 3) -> dict:
 
 def variant_env(args: argparse.Namespace, variant: str, scratch: Path, greedy: str | None = None) -> dict:
     env = dict(os.environ)
-    site = args.upstream_site if variant == "upstream" else args.fork_site
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (site, ROOT) if p)
+    # upstream's pristine `vllm` shadows the fork's; its dependencies come from the installed site
+    sites = (args.upstream_site, args.fork_site) if variant == "upstream" else (args.fork_site,)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(str(p) for p in (*sites, ROOT)))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")

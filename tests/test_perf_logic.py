@@ -4,6 +4,7 @@ and the Kimi slice's configs (accepted by ``kimi drafter inspect``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,15 @@ def test_results_of_two_calls_combine_and_different_devices_do_not() -> None:
     assert both["goal"]["min_anywhere"] == 0.99 and both["command"] == "a ; b" and both["seconds"] == 20
     with pytest.raises(ValueError, match="cannot combine"):
         perf.combine([part, {**other, "device": "B200"}])
+
+
+def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
+    import argparse
+
+    args = argparse.Namespace(upstream_site=Path("/tmp/upstream"), fork_site=Path("/tmp/site"), fork_greedy="auto")
+    up = perf.variant_env(args, "upstream", tmp_path)
+    fork = perf.variant_env(args, "fork", tmp_path, greedy="check")
+    assert up["PYTHONPATH"].split(os.pathsep)[:2] == ["/tmp/upstream", "/tmp/site"]
+    assert fork["PYTHONPATH"].split(os.pathsep)[0] == "/tmp/site" and "/tmp/upstream" not in fork["PYTHONPATH"]
+    assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
+    assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"]
