@@ -11,7 +11,13 @@ For each model, engines run one at a time, each in its own process with its own 
 * ``nospec``: the target alone (the fork's vLLM; no patch changes the target's GPU path);
 * ``upstream_k{k}``: upstream 0.26.0 with the EAGLE-3 drafter, k draft tokens;
 * ``fork_k{k}``: the fork with the same drafter and k (``KIMI_DRAFT_GREEDY=auto``: greedy drafts from the draft
-  vocabulary, patch 0009, with the fork's draft-head kernel where ``KIMI_DRAFT_HEAD_LIB`` is set).
+  vocabulary, patch 0009, with the fork's draft-head kernel where ``KIMI_DRAFT_HEAD_LIB`` is set);
+* ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork on vLLM's V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``),
+  whose drafting loop (forward, logits, sampling) runs as a whole CUDA graph; 0.26.0 picks the V1 runner for
+  ``DeepseekV3ForCausalLM`` (``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``vllm/config/vllm.py``), where
+  drafter steps are PIECEWISE-only (vLLM RFC 45258). No step times there (its loop is one graph);
+* ``check_k3``: the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of patch 0009
+  against upstream's, counted on the device).
 
 Models: ``pair``, the trained reference pair (``kimi models train-pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
 a Kimi-K2-dimension slice with random weights (``kimi.models.kimi_slice``; k = 3) plus a shallower slice
@@ -96,7 +102,11 @@ class StepTimer:
         return call
 
     def install(self, worker) -> None:
+        """Wrap what this runner has; vLLM's V2 model runner (its drafting loop runs as one CUDA graph) has none of
+        these methods, so nothing is timed there."""
         runner = worker.model_runner
+        if not hasattr(runner, "_model_forward"):
+            return
 
         def forward_tokens(args, kwargs) -> int:
             for key in ("positions", "input_ids", "inputs_embeds"):
@@ -266,59 +276,50 @@ def worker_main(job_path: Path, result_path: Path) -> int:
 
 def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
          slice_dirs: dict[str, str] | None) -> list[dict]:
-    """The engines to run, in order: per model the baseline first, then upstream/fork pairs by k (3 first)."""
-    jobs: list[dict] = []
+    """The engines to run, in order. Per model: the baseline, then by k (3 first) upstream and fork (and the fork
+    on vLLM's V2 model runner where k is in ``--v2-ks``), the check engine after k = 3, and for the slice the
+    shallower baseline of the projection last."""
     base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps}
     if not args.cpu_smoke:
-        # CUDA graphs for exactly the batch sizes measured (decode c, verification c (k + 1)), the same for both
-        # variants: vLLM's default list (up to 512 sizes' worth of captures per engine) costs minutes per start
+        # CUDA graphs for exactly the batch sizes measured (decode c, verification c (k + 1)), the same for every
+        # variant: vLLM's default list (up to 512 sizes' worth of captures per engine) costs minutes per start
         sizes = sorted({c * (k + 1) for c in args.concurrency for k in {0, *args.ks, *args.slice_ks}})
         args.engine = {**args.engine, "compilation_config": {"cudagraph_capture_sizes": sizes}}
-
-    def spec(drafter: str, k: int) -> dict:
-        return {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-
-    def order(ks) -> list[int]:
-        return sorted(ks, key=lambda k: (k != 3, k))
-
+    jobs: list[dict] = []
     if pair_prompts is not None:
-        engine = {**args.engine, "kv_cache_memory_bytes": 2 << 30}
-        common = {**base, "model": "pair", "prompts": pair_prompts, "engine": engine,
-                  "target": str(args.pair / "target")}
-        jobs.append({**common, "name": "pair/nospec", "variant": "nospec", "k": 0, "spec": None})
-        for k in order(args.ks):
-            for variant in ("upstream", "fork"):
-                jobs.append({**common, "name": f"pair/{variant}_k{k}", "variant": variant, "k": k,
-                             "spec": spec(str(args.pair / "drafter"), k)})
-        if args.check:
-            jobs.append(check_job(common, str(args.pair / "drafter")))
+        common = {**base, "model": "pair", "prompts": pair_prompts, "target": str(args.pair / "target"),
+                  "engine": {**args.engine, "kv_cache_memory_bytes": 2 << 30}}
+        jobs += model_jobs(args, common, str(args.pair / "drafter"), args.ks)
     if slice_dirs is not None:
-        engine = {**args.engine, "load_format": "dummy", "skip_tokenizer_init": True,
-                  "kv_cache_memory_bytes": args.slice_kv_gib << 30}
         vocab = json.loads(Path(slice_dirs["drafter"], "config.json").read_text())["draft_vocab_size"]
         # random weights: any ids do; 96..159 tokens each, inside the draft vocabulary (d2t is the identity)
         prompts = [[(7919 * i + 104729 * j) % (vocab - 2) + 2 for j in range(96 + (i * 13) % 64)]
                    for i in range(max(args.concurrency))]
-        common = {**base, "model": "kimi_slice", "prompts": prompts, "engine": engine, "tokens": args.slice_tokens,
-                  "target": slice_dirs[f"target-L{SPEC_LAYERS}"]}
-        jobs.append({**common, "name": "kimi_slice/nospec", "variant": "nospec", "k": 0, "spec": None})
-        for k in order(args.slice_ks):
-            for variant in ("upstream", "fork"):
-                jobs.append({**common, "name": f"kimi_slice/{variant}_k{k}", "variant": variant, "k": k,
-                             "spec": spec(slice_dirs["drafter"], k)})
+        common = {**base, "model": "kimi_slice", "prompts": prompts, "tokens": args.slice_tokens,
+                  "target": slice_dirs[f"target-L{SPEC_LAYERS}"],
+                  "engine": {**args.engine, "load_format": "dummy", "skip_tokenizer_init": True,
+                             "kv_cache_memory_bytes": args.slice_kv_gib << 30}}
+        jobs += model_jobs(args, common, slice_dirs["drafter"], args.slice_ks)
         jobs.append({**common, "name": "kimi_slice/nospec_shallow", "variant": "nospec", "k": 0, "spec": None,
                      "target": slice_dirs[f"target-L{SPEC_LAYERS - 1}"]})
-        if args.check:
-            jobs.append(check_job(common, slice_dirs["drafter"]))
     return jobs
 
 
-def check_job(common: dict, drafter: str, k: int = 3) -> dict:
-    """The fork with ``KIMI_DRAFT_GREEDY=check`` (upstream's draft ids, the hook's compared at every draft step)
-    at the largest concurrency only: does patch 0009 give upstream's ids on this device?"""
-    return {**common, "name": f"{common['model']}/check_k{k}", "variant": "fork", "greedy": "check", "k": k,
-            "spec": {"method": "eagle3", "model": drafter, "num_speculative_tokens": k},
-            "concurrency": [max(common["concurrency"])]}
+def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
+    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v2_k{k}``), and
+    ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency: does patch 0009 give
+    upstream's draft ids on this device?) after k = 3."""
+    model = common["model"]
+    jobs = [{**common, "name": f"{model}/nospec", "variant": "nospec", "k": 0, "spec": None}]
+    v2 = [] if args.cpu_smoke else args.v2_ks  # the V2 runner is CUDA-only
+    for k in sorted(ks, key=lambda k: (k != 3, k)):
+        spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
+        for variant in ("upstream", "fork", *(("fork_v2",) if k in v2 else ())):
+            jobs.append({**common, "name": f"{model}/{variant}_k{k}", "variant": variant, "k": k, "spec": spec})
+        if k == 3 and args.check:
+            jobs.append({**common, "name": f"{model}/check_k3", "variant": "fork", "greedy": "check", "k": 3,
+                         "spec": spec, "concurrency": [max(common["concurrency"])]})
+    return jobs
 
 
 def variant_env(args: argparse.Namespace, variant: str, scratch: Path, greedy: str | None = None) -> dict:
@@ -331,6 +332,8 @@ def variant_env(args: argparse.Namespace, variant: str, scratch: Path, greedy: s
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env["VLLM_CACHE_ROOT"] = str(scratch / f"vllm-cache-{variant}")  # compile caches never shared across variants
     env["KIMI_DRAFT_GREEDY"] = "upstream" if variant == "upstream" else (greedy or args.fork_greedy)
+    if variant == "fork_v2":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # its own drafting loop (captured whole), not patch 0009's hook
     return env
 
 
@@ -378,9 +381,11 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
             continue
         model, k = job["model"], job["k"]
         up = done.get(f"{model}/upstream_k{k}", (None, {}))[1]
+        v2 = done.get(f"{model}/fork_v2_k{k}", (None, {}))[1]
         base = done.get(f"{model}/nospec", (None, {}))[1]
         for c, fork_c in result["by_concurrency"].items():
             up_c = up.get("by_concurrency", {}).get(c, {})
+            v2_c = v2.get("by_concurrency", {}).get(c, {})
             base_c = base.get("by_concurrency", {}).get(c, {})
             steps, base_steps = fork_c.get("steps", {}), base_c.get("steps", {})
             t_target, t_verify = base_steps.get("target_ms"), steps.get("target_ms")
@@ -405,6 +410,9 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
                 "t_draft_ms_upstream": round(up_c["steps"]["draft_per_token_ms"], 4)
                 if up_c.get("steps", {}).get("draft_per_token_ms") else None,
                 "ideal_speedup": round(ideal, 3) if ideal else None,
+                "fork_v2_tok_s": round(v2_c["tok_s"], 1) if v2_c else None,
+                "fork_v2_vs_upstream": _ratio(v2_c.get("tok_s"), up_c.get("tok_s")),
+                "tau_v2": round(v2_c["tau"], 3) if v2_c.get("tau") else None,
             })
     return sorted(out, key=lambda r: (r["model"], r["k"], r["concurrency"]))
 
@@ -484,13 +492,14 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
               f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"),
              f"- goal: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16: {summary['goal']}", "",
              ("| model | c | k | fork tok/s | upstream tok/s | no-spec tok/s | fork/upstream | fork/no-spec | tau "
-              "| t_target ms | t_verify ms | t_draft ms (fork / upstream) | ideal |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| t_target ms | t_verify ms | t_draft ms (fork / upstream) | ideal | fork on V2 runner tok/s "
+              "(/ upstream) |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} | {r['upstream_tok_s']} "
                      f"| {r['nospec_tok_s']} | {r['fork_vs_upstream']} | {r['fork_vs_nospec']} | {r['tau']} "
                      f"| {r['t_target_ms']} | {r['t_verify_ms']} | {r['t_draft_ms']} / {r['t_draft_ms_upstream']} "
-                     f"| {r['ideal_speedup']} |")
+                     f"| {r['ideal_speedup']} | {r.get('fork_v2_tok_s')} ({r.get('fork_v2_vs_upstream')}) |")
     if summary.get("projection"):
         lines += ["", "Kimi slice projected to 61 layers at TP 8 (module docstring of benchmarks/perf_vs_upstream.py):",
                   "", ("| c, k | t_moe/layer ms | 61 layers 1 GPU ms | 61 layers TP8 ms | verify TP8 ms | draft ms "
@@ -536,8 +545,11 @@ def draw_chart(summary: dict, path: Path) -> bool:
                       key=lambda r: r["concurrency"])
         c = [r["concurrency"] for r in rows]
         for key, label, style in (("fork_tok_s", "fork", "o-"), ("upstream_tok_s", "upstream 0.26.0", "s--"),
-                                  ("nospec_tok_s", "no speculation", "^:")):
-            ax.plot(c, [r[key] for r in rows], style, label=label)
+                                  ("nospec_tok_s", "no speculation", "^:"),
+                                  ("fork_v2_tok_s", "fork on vLLM's V2 model runner", "d-.")):
+            points = [(r["concurrency"], r.get(key)) for r in rows if r.get(key)]
+            if points:
+                ax.plot(*zip(*points, strict=True), style, label=label)
         ideal = [(r["concurrency"], r["ideal_speedup"] * r["nospec_tok_s"]) for r in rows
                  if r["ideal_speedup"] and r["nospec_tok_s"]]
         if ideal:
@@ -617,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))
     parser.add_argument("--slice-ks", type=int, nargs="+", default=list(SLICE_KS))
+    parser.add_argument("--v2-ks", type=int, nargs="*", default=[3],
+                        help="k values where the fork also runs on vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)")
     parser.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     parser.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
     parser.add_argument("--reps", type=int, default=2)

@@ -148,3 +148,17 @@ def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     assert fork["PYTHONPATH"].split(os.pathsep)[0] == "/tmp/site" and "/tmp/upstream" not in fork["PYTHONPATH"]
     assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
     assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"]
+
+
+def test_plan_order_and_the_v2_runner_variant(tmp_path: Path) -> None:
+    import argparse
+
+    args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[1, 3], slice_ks=[3],
+                              v2_ks=[3], check=True, engine={}, pair=tmp_path, slice_tokens=4, slice_kv_gib=1)
+    names = [j["name"] for j in perf.plan(args, [[1, 2]], None)]
+    assert names == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v2_k3", "pair/check_k3",
+                     "pair/upstream_k1", "pair/fork_k1"]
+    assert args.engine["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
+    env = perf.variant_env(argparse.Namespace(upstream_site=None, fork_site=tmp_path, fork_greedy="auto"),
+                           "fork_v2", tmp_path)
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
