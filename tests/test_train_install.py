@@ -3,8 +3,8 @@
 * a tiny pair (minutes): every ``kimi train`` stage, the exported drafter passes ``kimi drafter inspect``,
   the stages resume (a second run does nothing), and ``--init`` warm starts;
 * the trained reference pair (``.kimi/models/trained``, trained when missing): served on CPU with k = 3,
-  greedy, held-out prompts, tau > 1.3, and the same drafter with its aux ids shifted by one gets clearly less
-  (by :data:`GUARD_MARGIN`).
+  greedy, held-out prompts, tau > :data:`MIN_TAU`, and the same drafter with its aux ids shifted by one gets
+  clearly less (by :data:`GUARD_MARGIN`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.install
 
-#: How much lower tau must be with every aux id shifted by one (the wiring guard). Measured on CPU (2 cores,
-#: torch 2.11, deterministic): this test's 8 prompts x 48 tokens give 2.709 vs 2.424 with ids (1, 3, 6) (0.285);
-#: the benchmark's 16 x 64 give 2.719 vs 2.575 (0.144), so the prompt set moves the gap by about 0.14. The old
-#: recipe's ids (2, 4, 5) gave 0.04-0.05, which this margin rejects.
-GUARD_MARGIN = 0.15
+#: How much lower tau must be with every aux id shifted by one (the wiring guard; the GPU run asks for 0.2 at
+#: 16 prompts x 64 tokens). Measured on CPU (2 cores, torch 2.11, deterministic), this test's 8 prompts x 48
+#: tokens: the pair's recipe (16 drafter epochs) gives 3.299 vs 2.844 with ids (1, 3, 6) (0.455; the
+#: benchmark's 16 x 64: 3.376 vs 2.899, 0.477). The former 6-epoch recipe gave 2.709 vs 2.424 (0.285) here
+#: and only 0.144 in the benchmark, and its ids (2, 4, 5) 0.04-0.05: this margin rejects both.
+GUARD_MARGIN = 0.3
+
+#: The served tau the trained pair must reach here (measured 3.30).
+MIN_TAU = 2.3
 
 
 def _kimi(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
@@ -83,6 +87,6 @@ def test_trained_pair_acceptance_and_wiring_guard(tmp_path: Path):
     ours = served_acceptance(target, str(drafter), prompts, k=3, max_tokens=48)
     shifted = served_acceptance(target, str(with_ids(drafter, wrong, tmp_path / "shifted")), prompts,
                                 k=3, max_tokens=48)
-    assert ours["tau"] > 1.3, ours
+    assert ours["tau"] > MIN_TAU, ours
     assert shifted["tau"] < ours["tau"] - GUARD_MARGIN, (ids, ours["tau"], wrong, shifted["tau"])
     assert ours["tokens"] == shifted["tokens"]  # greedy output does not depend on the drafter
