@@ -162,3 +162,14 @@ def test_plan_order_and_the_v2_runner_variant(tmp_path: Path) -> None:
     env = perf.variant_env(argparse.Namespace(upstream_site=None, fork_site=tmp_path, fork_greedy="auto"),
                            "fork_v2", tmp_path)
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+
+
+def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_path: Path) -> None:
+    import argparse
+
+    args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[3], slice_ks=[3],
+                              v2_ks=[3], check=True, engine={}, slice_tokens=4, slice_kv_gib=1)
+    dirs = kimi_slice.write_slice(tmp_path, layers=(3, 4))
+    names = [j["name"] for j in perf.plan(args, None, dirs)]
+    assert names == ["kimi_slice/nospec", "kimi_slice/upstream_k3", "kimi_slice/fork_k3", "kimi_slice/nospec_shallow",
+                     "kimi_slice/fork_v2_k3", "kimi_slice/check_k3"]

@@ -138,3 +138,12 @@ def test_shifted_ids_move_every_id_by_one_inside_the_target():
     assert shifted_ids([2, 4, 7], 8) == [1, 3, 6]  # the top id is the last layer: down instead
     with pytest.raises(KimiError):
         shifted_ids([1, 4, 7], 8)  # down would reach layer 0's input, which vLLM cannot capture
+
+
+def test_shipped_targets_have_mla_head_dims_a_gpu_engine_takes():
+    from kimi.models.reference import ReferenceSpec
+    from kimi.models.trained import GPU_MLA_PREFILL_HEAD_DIMS, TRAINED_SPEC
+
+    for spec in (ReferenceSpec(), TRAINED_SPEC):
+        assert (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim) in GPU_MLA_PREFILL_HEAD_DIMS
+        assert spec.kv_lora_rank + spec.qk_rope_head_dim == 576

@@ -26,9 +26,15 @@ from kimi.fork.fsutil import check_replaceable, sha256_file, staged_folder, writ
 from kimi.models.reference import ReferenceSpec, target_config
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
 
+#: (qk_nope, qk_rope, v) head dims that vLLM 0.26.0's FLASH_ATTN MLA prefill takes on CUDA (``supports_mla_dimensions``
+#: in ``vllm/v1/attention/backends/mla/prefill/flash_attn.py``); a target outside them runs on CPU, but no GPU engine
+#: starts ("No valid MLA prefill backend found").
+GPU_MLA_PREFILL_HEAD_DIMS = frozenset({(128, 64, 128), (192, 64, 256), (64, 64, 128)})
+
 #: Dimensions of the trained target: the reference's 8 layers, vocabulary and MLA heads, narrower elsewhere.
-#: MLA keeps Kimi's head geometry (vLLM's MLA backends take only kv_lora_rank + qk_rope_head_dim = 576).
-TRAINED_SPEC = replace(ReferenceSpec(), hidden=128, heads=4, q_lora_rank=64, qk_nope_head_dim=32, v_head_dim=32,
+#: MLA keeps Kimi's head geometry: vLLM's MLA decode backends take only kv_lora_rank + qk_rope_head_dim = 576,
+#: and the prefill head dims must be in :data:`GPU_MLA_PREFILL_HEAD_DIMS`.
+TRAINED_SPEC = replace(ReferenceSpec(), hidden=128, heads=4, q_lora_rank=64, qk_nope_head_dim=128, v_head_dim=128,
                        intermediate=384, moe_intermediate=64, experts=8, experts_per_token=2, groups=2, topk_groups=1,
                        max_positions=2048)
 
