@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import sys
 
-#: Engine settings on CUDA: vLLM's MLA kernels want bf16; a small share of memory leaves room for training.
-CUDA_ENGINE = {"dtype": "bfloat16", "max_model_len": 1024, "gpu_memory_utilization": 0.4, "seed": 0}
+#: Engine settings on CUDA: vLLM's MLA kernels want bf16; a small share of memory leaves room for training. A
+#: fixed KV cache skips vLLM's memory profiling, whose check "free memory did not grow meanwhile" failed on the
+#: H200 ("Error in memory profiling. Initial free memory 138.53 GiB, current free memory 138.59 GiB").
+CUDA_ENGINE = {"dtype": "bfloat16", "max_model_len": 1024, "gpu_memory_utilization": 0.4, "seed": 0,
+               "kv_cache_memory_bytes": 2 << 30}
 
 
 def say(msg: str) -> None:
