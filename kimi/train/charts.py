@@ -11,9 +11,6 @@ from pathlib import Path
 
 from kimi.fork.fsutil import write_atomic
 
-#: The first bytes of every PNG file.
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
 
 def pyplot():
     """matplotlib's ``pyplot`` on the non-interactive Agg backend, or None where matplotlib is not installed."""
