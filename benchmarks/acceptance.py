@@ -11,8 +11,8 @@ a CPU (its ``target/``, ``drafter/`` and ``MANIFEST.json``, about 10 MB; ``work/
     PYTHONPATH=/tmp/site python3 benchmarks/acceptance.py --models PAIR --out OUT
 
 1. The trained pair (``kimi models train-pair``, default ``.kimi/models/trained``) is made when the default
-   folder lacks it (minutes on a CPU; deterministic); a pair named with ``--models`` is used as it is and
-   never trained (a folder without ``MANIFEST.json`` is an error).
+   folder lacks it or holds one made with another recipe (minutes on a CPU; deterministic); a pair named
+   with ``--models`` is used as it is and never trained (a folder without ``MANIFEST.json`` is an error).
 2. The target is served with its drafter, greedy, on held-out code prompts (stdlib packages the
    tokenizer and the models never saw); tau = 1 + accepted / drafts and per-position acceptance come
    from vLLM's spec-decode metrics.
@@ -65,7 +65,8 @@ def folder_mb(path: Path) -> float:
 
 
 def load_pair(models: Path, default: Path) -> dict:
-    """The pair's manifest; trains the pair only in the default folder (a carried pair is never retrained).
+    """The pair's manifest; trains the pair only in the default folder, when missing or made with another recipe
+    (a carried pair is used as it is).
 
     Raises:
         KimiError: ``models`` is not the default folder and is not a complete pair.
@@ -77,7 +78,9 @@ def load_pair(models: Path, default: Path) -> dict:
     if missing and models.resolve() != default.resolve():
         raise KimiError(f"{models} is not a trained pair (no {', '.join(missing)}): make one with "
                         "`kimi models train-pair DIR` and carry its target/, drafter/ and MANIFEST.json")
-    return train_pair(models) if missing else json.loads((models / "MANIFEST.json").read_text())
+    if models.resolve() == default.resolve():
+        return train_pair(models)  # kept when complete and made with the current recipe
+    return json.loads((models / "MANIFEST.json").read_text())
 
 
 def chart(result: dict, path: Path) -> Path | None:
