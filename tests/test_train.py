@@ -168,3 +168,16 @@ def test_shifted_ids_move_every_id_by_one_inside_the_target():
     assert shifted_ids([2, 4, 7], 8) == [1, 3, 6]  # the top id is the last layer: down instead
     with pytest.raises(KimiError):
         shifted_ids([1, 4, 7], 8)  # down would reach layer 0's input, which vLLM cannot capture
+
+
+def test_a_pair_made_with_another_recipe_is_named_for_retraining():
+    from dataclasses import replace
+
+    from kimi.train.pair import PairRecipe, recipe_changes, recipe_json
+    from kimi.train.trainer import TrainOptions
+
+    current = PairRecipe()
+    assert recipe_changes({"recipe": recipe_json(current)}, current) == []
+    older = replace(current, train=TrainOptions(epochs=6, batch=16, lr=3e-3, warmup=10))
+    assert recipe_changes({"recipe": recipe_json(older)}, current) == ["train"]
+    assert recipe_changes({}, current) == sorted(recipe_json(current))

@@ -73,6 +73,12 @@ def recipe_json(recipe: PairRecipe) -> dict:
     return json.loads(json.dumps(asdict(recipe)))
 
 
+def recipe_changes(manifest: dict, recipe: PairRecipe) -> list[str]:
+    """The fields of ``recipe`` (``target``, ``train``, ...) that a pair's manifest records otherwise; [] if none."""
+    made = manifest.get("recipe") or {}
+    return sorted(k for k, v in recipe_json(recipe).items() if made.get(k) != v)
+
+
 def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False, tiny: bool = False) -> dict:
     """Make (or finish) the pair in ``out``; returns its manifest.
 
@@ -81,8 +87,8 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
     """
     recipe = recipe or (TINY if tiny else PairRecipe())
     done = read_json(out / "MANIFEST.json")
-    if done and not force and done.get("recipe") != recipe_json(recipe):
-        changed = sorted(k for k, v in recipe_json(recipe).items() if (done.get("recipe") or {}).get(k) != v)
+    changed = recipe_changes(done, recipe) if done else []
+    if changed and not force:
         say(f"the pair in {out} was trained with another recipe (differs in: {', '.join(changed)}): training again")
         force = True
     if force and out.exists():
