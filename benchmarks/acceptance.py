@@ -11,8 +11,8 @@ a CPU (its ``target/``, ``drafter/`` and ``MANIFEST.json``, about 10 MB; ``work/
     PYTHONPATH=/tmp/site python3 benchmarks/acceptance.py --models PAIR --out OUT
 
 1. The trained pair (``kimi models train-pair``, default ``.kimi/models/trained``) is made when the default
-   folder lacks it (minutes on a CPU; deterministic); a pair named with ``--models`` is used as it is and
-   never trained (a folder without ``MANIFEST.json`` is an error).
+   folder lacks it or holds one made with another recipe (minutes on a CPU; deterministic); a pair named
+   with ``--models`` is used as it is and never trained (a folder without ``MANIFEST.json`` is an error).
 2. The target is served with its drafter, greedy, on held-out code prompts (stdlib packages the
    tokenizer and the models never saw); tau = 1 + accepted / drafts and per-position acceptance come
    from vLLM's spec-decode metrics.
@@ -20,8 +20,9 @@ a CPU (its ``target/``, ``drafter/`` and ``MANIFEST.json``, about 10 MB; ``work/
    last layer: :func:`kimi.train.export.shifted_ids`) is served the same way (``tau_shifted_ids``): a
    drafter fed the wrong layers must lose acceptance - the guard that the wiring is right.
 
-Writes ``acceptance.json`` ({device, k, tau, per_position, tau_shifted_ids, command, date, ...}) and
-``acceptance.md`` to ``--out`` (default ``benchmarks/results``).
+Writes ``acceptance.json`` ({device, k, tau, per_position, tau_shifted_ids, command, date, ...}),
+``acceptance.md`` and ``acceptance.png`` (per-position acceptance with the right and the shifted ids; where
+matplotlib is importable) to ``--out`` (default ``benchmarks/results``), each atomically.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from kimi.e2e.prompts import code_prompts  # noqa: E402
 from kimi.errors import KimiError  # noqa: E402
 from kimi.fork.fsutil import write_atomic  # noqa: E402
 from kimi.train.acceptance import served_acceptance  # noqa: E402
+from kimi.train.charts import acceptance_chart  # noqa: E402
 from kimi.train.engine import engine_settings, on_cuda  # noqa: E402
 from kimi.train.export import shifted_ids, with_ids  # noqa: E402
 
@@ -63,7 +65,8 @@ def folder_mb(path: Path) -> float:
 
 
 def load_pair(models: Path, default: Path) -> dict:
-    """The pair's manifest; trains the pair only in the default folder (a carried pair is never retrained).
+    """The pair's manifest; trains the pair only in the default folder, when missing or made with another recipe
+    (a carried pair is used as it is).
 
     Raises:
         KimiError: ``models`` is not the default folder and is not a complete pair.
@@ -75,10 +78,20 @@ def load_pair(models: Path, default: Path) -> dict:
     if missing and models.resolve() != default.resolve():
         raise KimiError(f"{models} is not a trained pair (no {', '.join(missing)}): make one with "
                         "`kimi models train-pair DIR` and carry its target/, drafter/ and MANIFEST.json")
-    return train_pair(models) if missing else json.loads((models / "MANIFEST.json").read_text())
+    if models.resolve() == default.resolve():
+        return train_pair(models)  # kept when complete and made with the current recipe
+    return json.loads((models / "MANIFEST.json").read_text())
 
 
-def markdown(result: dict) -> str:
+def chart(result: dict, path: Path) -> Path | None:
+    """``path``: per-position acceptance as trained and with the shifted ids; None without matplotlib."""
+    series = {f"aux ids {result['aux_layer_ids']}: tau {result['tau']:.2f}": result["per_position"],
+              f"shifted {result['shifted_ids']}: tau {result['tau_shifted_ids']:.2f}":
+                  result["per_position_shifted_ids"]}
+    return acceptance_chart(path, series, f"EAGLE-3 acceptance, k = {result['k']}, greedy ({result['device']})")
+
+
+def markdown(result: dict, png: str | None = None) -> str:
     per = " | ".join(f"{p:.3f}" for p in result["per_position"])
     shifted = " | ".join(f"{p:.3f}" for p in result["per_position_shifted_ids"])
     return "\n".join([
@@ -89,7 +102,8 @@ def markdown(result: dict) -> str:
         "|---|---|" + "---|" * result["k"],
         f"| as trained | {result['tau']:.3f} | {per} |",
         f"| aux ids shifted by one {result['shifted_ids']} | {result['tau_shifted_ids']:.3f} | {shifted} |", "",
-        f"tau - tau_shifted_ids = {result['tau'] - result['tau_shifted_ids']:.3f}. Command: `{result['command']}`", ""])
+        f"tau - tau_shifted_ids = {result['tau'] - result['tau_shifted_ids']:.3f}. Command: `{result['command']}`", "",
+        *([f"![per-position acceptance]({png})", ""] if png else [])])
 
 
 def main() -> int:
@@ -137,8 +151,12 @@ def main() -> int:
               "seconds": round(time.monotonic() - started, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "acceptance.json", json.dumps(result, indent=2) + "\n")
-    write_atomic(args.out / "acceptance.md", markdown(result))
-    print(markdown(result))
+    png = chart(result, args.out / "acceptance.png")
+    if png is None:
+        print("acceptance: no acceptance.png: matplotlib is not installed here (`kimi setup` installs it)",
+              file=sys.stderr)
+    write_atomic(args.out / "acceptance.md", markdown(result, png.name if png else None))
+    print(markdown(result, png.name if png else None))
     return 0
 
 

@@ -15,7 +15,7 @@ from kimi.errors import KimiError
 from kimi.fork.layout import DEFAULT_LINE, Layout
 
 EPILOG = """first steps on a fresh clone:
-  python3 -m kimi demo       set up, make the reference models, vllm serve them with EAGLE-3, ask once
+  python3 -m kimi demo       set up, train the reference pair, vllm serve it with EAGLE-3, show acceptance
   python3 -m kimi test       the test suite (sets up first if needed)
   python3 -m kimi setup      only lay vLLM, install the fork into .venv, smoke-run `vllm`
 
@@ -78,7 +78,7 @@ def _cmd_demo(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.demo import demo
 
     demo(layout, args.line, venv=args.venv, kernels=args.kernels, from_dir=args.from_dir, drafter=args.drafter,
-         k=args.k, max_tokens=args.max_tokens)
+         k=args.k, max_tokens=args.max_tokens, models=args.models, prompts=args.prompts)
     return 0
 
 
@@ -473,19 +473,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder holding the pinned files, for sites without a package index")
     p.set_defaults(func=_cmd_setup)
 
-    p = sub.add_parser("demo", help="set up, make the reference models, serve them with EAGLE-3 and ask once",
-                       description="The README's main command, on a machine without a GPU too: kimi setup, "
-                                   "kimi models make (when missing), `vllm serve` of the reference DeepSeek-V3 "
-                                   "target with an EAGLE-3 drafter, one completion request with real code, the "
-                                   "spec-decode counters from /metrics, then the server is stopped.")
+    p = sub.add_parser("demo", help="set up, train the reference pair, serve it with EAGLE-3, ask, show acceptance",
+                       description="The README's main command, on a machine without a GPU too: kimi setup; the "
+                                   "trained reference pair (kimi models train-pair, when missing: minutes on a CPU, "
+                                   "once); `vllm serve` of its DeepSeek-V3-architecture target with its EAGLE-3 "
+                                   "drafter; completion requests with held-out real code; the mean acceptance "
+                                   "length and per-position acceptance from /metrics; then the server is stopped. "
+                                   "--models reference serves the random-weight reference models instead.")
     _add_env_options(p)
     p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                    help="folder holding the pinned files, for sites without a package index")
-    p.add_argument("--drafter", choices=("mla", "llama"), default="mla",
-                   help="EAGLE-3 drafter style (default: %(default)s)")
+    p.add_argument("--models", choices=("trained", "reference"), default="trained",
+                   help="the trained pair (default) or the random-weight reference models (kimi models make)")
+    p.add_argument("--drafter", choices=("mla", "llama"), default=None,
+                   help="EAGLE-3 drafter style of the reference models (default: mla; the trained pair's is llama)")
     p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_positive_int, default=3,
                    help="draft tokens per step (default: %(default)s)")
-    p.add_argument("--max-tokens", type=_positive_int, default=64, help="completion length (default: %(default)s)")
+    p.add_argument("--max-tokens", type=_positive_int, default=64,
+                   help="completion length per prompt (default: %(default)s)")
+    p.add_argument("--prompts", type=_positive_int, default=3, help="code prompts to send (default: %(default)s)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("test", help="run the test suite (sets up first if needed)",

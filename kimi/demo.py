@@ -1,11 +1,16 @@
-"""``kimi demo``: the README's main command, the fork's main job on the embedded reference models.
+"""``kimi demo``: the README's main command, the fork's main job end to end on the project's own models.
 
 1. ``kimi setup`` (skipped when the venv already holds this tree);
-2. ``kimi models make`` into ``.kimi/models/reference`` when it is not there;
+2. the models: by default the trained reference pair (``.kimi/models/trained``: a stdlib-trained
+   DeepSeek-V3-architecture target and its EAGLE-3 drafter) through ``kimi models train-pair``, which trains
+   it, progress shown, when it is missing or was made with another recipe (minutes on a CPU); with
+   ``--models reference`` the random-weight reference models (``kimi models make`` into
+   ``.kimi/models/reference`` when missing);
 3. ``vllm serve <target> --speculative-config '{"method": "eagle3", ...}'`` (log under ``.kimi/logs/``);
-4. one OpenAI-compatible completion request with a real code prompt (held-out standard library code),
-   printed with its completion, then the spec-decode counters from ``/metrics`` and the mean
-   acceptance length τ = 1 + accepted / drafts;
+4. greedy completion requests (OpenAI API) with real code prompts: held-out standard-library code the
+   tokenizer and the models never saw; each prompt is printed with its completion, then the spec-decode
+   counters from ``/metrics``: mean acceptance length τ = 1 + accepted / drafts and the acceptance rate at
+   each draft position;
 5. the server is stopped (also on Ctrl-C or an error).
 
 Works without a GPU: MLA runs on vLLM's CPU backend through patch 0006 (``kimi.cpu_mla``).
@@ -17,61 +22,130 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.devenv import ensure_env
 from kimi.e2e.prompts import code_prompts
-from kimi.e2e.server import VllmServer
+from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
+from kimi.fork.build_hook import kernels_mode
 from kimi.fork.layout import Layout
 
 #: CPU-friendly serving settings: a 1 GiB KV cache (the CPU backend would otherwise reserve most of the
 #: host's memory), a short context.
 SERVE_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(1 << 30)]
 
+#: On CPU the models are served in float32, as ``benchmarks/acceptance.py`` measures them.
+CPU_SERVE_ARGS = ["--dtype", "float32"]
+
+MODELS = ("trained", "reference")
+
 
 def say(msg: str) -> None:
     print(f"kimi demo: {msg}", file=sys.stderr, flush=True)
 
 
-def demo(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto", from_dir: Path | None = None,
-         drafter: str = "mla", k: int = 3, max_tokens: int = 64) -> None:
-    """Set up, make the reference models, serve the target with an EAGLE-3 drafter, ask, print, stop.
+@dataclass(frozen=True)
+class DemoModels:
+    """What the demo serves: folders, how to make them when missing, and a line about what to expect."""
+
+    folder: Path
+    target: Path
+    drafter: Path
+    make: list[str]  # `python -m kimi ...` arguments that make ``folder``
+    about: str
+
+
+def demo_models(layout: Layout, models: str, drafter: str | None) -> DemoModels:
+    """The folders of ``models`` (``trained`` or ``reference``) and the drafter to serve.
 
     Raises:
-        KimiError: a step fails (set-up, model generation, a server that does not start, a failed request);
-            the message names the step and the log to read.
+        KimiError: an unknown ``models``, or a drafter style the trained pair does not have.
     """
+    if models == "trained":
+        if drafter not in (None, "llama"):
+            raise KimiError(f"the trained pair has a Llama-style drafter only; --drafter {drafter} is for "
+                            "--models reference")
+        folder = layout.private / "models" / "trained"
+        return DemoModels(folder, folder / "target", folder / "drafter", ["models", "train-pair", str(folder)],
+                          "the trained reference pair (stdlib-trained target and its EAGLE-3 drafter)")
+    if models == "reference":
+        folder = layout.private / "models" / "reference"
+        return DemoModels(folder, folder / "target", folder / f"drafter-{drafter or 'mla'}",
+                          ["models", "make", str(folder)],
+                          "the random-weight reference models (the completion is not meaningful, tau stays near 1)")
+    raise KimiError(f"--models must be one of {', '.join(MODELS)}, not {models!r}")
+
+
+def acceptance(metrics: str, k: int) -> dict:
+    """τ and per-position acceptance from a ``/metrics`` text.
+
+    Returns:
+        {"drafts", "draft_tokens", "accepted": floats, "tau": float (nan without drafts), "per_position": [k]
+        floats (accepted at position i / drafts; [] where the server does not report positions)}.
+    """
+    counters = spec_counters(metrics)
+    drafts = counters["num_drafts"]
+    per_pos = accepted_per_position(metrics)
+    return {"drafts": drafts, "draft_tokens": counters["num_draft_tokens"],
+            "accepted": counters["num_accepted_tokens"],
+            "tau": 1 + counters["num_accepted_tokens"] / drafts if drafts else float("nan"),
+            "per_position": [(per_pos + [0.0] * k)[i] / drafts for i in range(k)] if drafts and per_pos else []}
+
+
+def demo(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto", from_dir: Path | None = None,
+         drafter: str | None = None, k: int = 3, max_tokens: int = 64, models: str = "trained",
+         prompts: int = 3) -> dict:
+    """Set up, make or train the models, serve the target with an EAGLE-3 drafter, ask, print, stop.
+
+    Args:
+        drafter: ``mla`` or ``llama`` for the reference models (default ``mla``); the trained pair has ``llama``.
+        k: draft tokens per step; max_tokens: completion length per prompt; prompts: how many code prompts.
+
+    Returns:
+        :func:`acceptance` of the run.
+
+    Raises:
+        KimiError: a step fails (set-up, training or model generation, a server that does not start, a failed
+            request); the message names the step and the log to read.
+    """
+    chosen = demo_models(layout, models, drafter)
     python = ensure_env(layout, line, venv, kernels, from_dir)
-    models = layout.private / "models" / "reference"
-    if not (models / "MANIFEST.json").is_file():
-        say(f"making the reference models in {models}")
-        made = subprocess.run([str(python), "-m", "kimi", "models", "make", str(models)], cwd=layout.root)
+    if models == "trained" or not (chosen.folder / "MANIFEST.json").is_file():
+        # train-pair keeps a complete pair made with the current recipe (seconds) and trains one otherwise
+        say(f"the trained reference pair in {chosen.folder}: `kimi models train-pair` (trains it when missing or "
+            "made with another recipe: about 5 minutes on 2 CPU cores, progress below)" if models == "trained"
+            else f"making the reference models in {chosen.folder}")
+        made = subprocess.run([str(python), "-m", "kimi", *chosen.make], cwd=layout.root)
         if made.returncode != 0:
-            raise KimiError(f"`kimi models make` failed (exit {made.returncode})")
-    spec = {"method": "eagle3", "model": str(models / f"drafter-{drafter}"), "num_speculative_tokens": k}
+            raise KimiError(f"`kimi {' '.join(chosen.make)}` failed (exit {made.returncode}); its output is above")
+    spec = {"method": "eagle3", "model": str(chosen.drafter), "num_speculative_tokens": k}
     log = layout.private / "logs" / "demo-serve.log"
-    server = VllmServer(python.with_name("vllm"), str(models / "target"),
-                        [*SERVE_ARGS, "--speculative-config", json.dumps(spec)], log)
-    say(f"starting `vllm serve {models / 'target'}` with the {drafter}-style EAGLE-3 drafter, k = {k} "
-        f"(log: {log}; the first start compiles the model, a minute or two on a small CPU)")
+    args = [*SERVE_ARGS, *(CPU_SERVE_ARGS if kernels_mode(kernels) == "cpu" else []),
+            "--speculative-config", json.dumps(spec)]
+    server = VllmServer(python.with_name("vllm"), str(chosen.target), args, log)
+    say(f"serving {chosen.about}: `vllm serve {chosen.target}` with the EAGLE-3 drafter {chosen.drafter}, k = {k} "
+        f"(log: {log}; start-up loads and warms up the model, a minute or two on a small CPU)")
+    texts = code_prompts(prompts)
     with server:
         started = time.monotonic()
         server.start()
         say(f"server ready in {time.monotonic() - started:.0f} s at {server.base}")
-        prompt = code_prompts(1)[0]
-        started = time.monotonic()
-        reply = server.complete(prompt, max_tokens)
-        if reply.status != 200:
-            raise KimiError(f"the completion request failed with HTTP {reply.status}: {reply.body[:500]}")
-        answer = reply.json()
-        text, generated = answer["choices"][0]["text"], answer.get("usage", {}).get("completion_tokens", "?")
-        seconds = time.monotonic() - started
-        counters = server.counters()
-    print(f"--- prompt (held-out standard library code) ---\n{prompt}--- completion ({generated} tokens, "
-          f"{seconds:.1f} s) ---\n{text}\n---")
-    drafts = counters["num_drafts"]
-    tau = 1 + counters["num_accepted_tokens"] / drafts if drafts else float("nan")
-    print(f"spec decode: {drafts:.0f} drafts, {counters['num_draft_tokens']:.0f} draft tokens, "
-          f"{counters['num_accepted_tokens']:.0f} accepted; mean acceptance length tau = {tau:.2f}")
+        for i, prompt in enumerate(texts, 1):
+            started = time.monotonic()
+            reply = server.complete(prompt, max_tokens)
+            if reply.status != 200:
+                raise KimiError(f"the completion request failed with HTTP {reply.status}: {reply.body[:500]}")
+            answer = reply.json()
+            text, generated = answer["choices"][0]["text"], answer.get("usage", {}).get("completion_tokens", "?")
+            print(f"--- prompt {i} of {len(texts)} (held-out standard library code) ---\n{prompt}"
+                  f"--- completion ({generated} tokens, {time.monotonic() - started:.1f} s) ---\n{text}\n---",
+                  flush=True)
+        result = acceptance(server.metrics(), k)
+    per_pos = ", ".join(f"{p:.2f}" for p in result["per_position"]) or "not reported"
+    print(f"spec decode: {result['drafts']:.0f} drafts, {result['draft_tokens']:.0f} draft tokens, "
+          f"{result['accepted']:.0f} accepted; mean acceptance length tau = {result['tau']:.2f} (k = {k}; at most "
+          f"{k + 1}); acceptance per draft position: {per_pos}")
     say("server stopped")
+    return result

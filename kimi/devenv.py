@@ -2,10 +2,12 @@
 
 ``setup``: ``kimi sync``; a virtual environment (``.venv``); the pinned torch
 and vLLM's build requirements; ``pip install --no-build-isolation -e .`` with
-kernels borrowed from the pinned wheel (see ``kimi/fork/build_hook.py``); a
-smoke run of ``vllm``.  pip's downloads are cached under ``.kimi/cache/pip``
-and its output goes to ``.kimi/logs/`` (the tail is shown on failure).
-An install is skipped when the venv already holds this exact synced tree.
+kernels borrowed from the pinned wheel (see ``kimi/fork/build_hook.py``) and the
+fork's tools (:data:`TOOLS`: matplotlib, for the PNG charts); a smoke run of
+``vllm``.  pip's downloads are cached under ``.kimi/cache/pip`` and its output
+goes to ``.kimi/logs/`` (the tail is shown on failure).  An install is skipped
+when the venv already holds this exact synced tree (a venv installed before
+the tools were added gets just the tools).
 
 ``test``: ``setup`` without the smoke run, pytest into the venv, then pytest
 on ``tests/``; pytest's "no tests collected" (exit 5) is a failure.
@@ -38,6 +40,10 @@ from kimi.fork.pin import load_pin
 from kimi.fork.sync import sync
 
 PYTEST_NO_TESTS = 5
+
+#: What the fork's own tools need beyond vLLM's requirements, installed into every venv ``kimi setup`` makes:
+#: matplotlib draws the PNG charts of ``kimi train report`` and ``benchmarks/acceptance.py``.
+TOOLS = ("matplotlib",)
 _REPORT_VERSION = "import vllm, vllm.platforms as p; print(vllm.__version__, p.current_platform.device_type or 'none')"
 
 
@@ -125,6 +131,24 @@ def _install_key(layout: Layout, mode: str) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
+def marker_text(key: str) -> str:
+    """The venv's ``.kimi-install`` marker: the install key (:func:`_install_key`), then the tools installed."""
+    return f"{key}\ntools: {' '.join(TOOLS)}\n"
+
+
+def install_needed(marker: str | None, key: str) -> str | None:
+    """What a venv with ``marker`` (its ``.kimi-install`` text; None: no venv or no marker) lacks for ``key``.
+
+    Returns:
+        "all" (sync'd tree not installed there), "tools" (installed by an older kimi without :data:`TOOLS`),
+        or None (nothing).
+    """
+    lines = (marker or "").splitlines()
+    if lines[:1] != [key]:
+        return "all"
+    return None if lines[1:2] == marker_text(key).splitlines()[1:2] else "tools"
+
+
 def ensure_env(layout: Layout, line: str, venv: Path | None, kernels: str,
                from_dir: Path | None = None) -> Path:
     """Sync and install the fork into ``venv``; returns the venv's python.
@@ -143,29 +167,35 @@ def _ensure_env_at(layout: Layout, line: str, venv: Path | None, kernels: str, f
     marker = venv / ".kimi-install"
     key = _install_key(layout, mode)
     python = _python(venv)
-    if python.exists() and marker.is_file() and marker.read_text().strip() == key:
+    env = {**os.environ, "KIMI_KERNELS": mode, "KIMI_CACHE_DIR": str(layout.cache),
+           "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip")),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    logs = layout.private / "logs"
+    todo = install_needed(marker.read_text() if python.exists() and marker.is_file() else None, key)
+    if todo == "tools":
+        _step(f"installing the fork's tools into {venv}: {', '.join(TOOLS)} (log: {logs / 'pip-tools.log'})")
+        _run_logged([str(python), "-m", "pip", "install", *TOOLS], logs / "pip-tools.log", env, layout.root)
+        marker.write_text(marker_text(key))
+    if todo != "all":
         _step(f"{venv} already holds this tree ({mode} kernels)")
         return python
     if not python.exists():
         _step(f"creating {venv}")
         venvlib.EnvBuilder(with_pip=True, symlinks=True).create(venv)
-    env = {**os.environ, "KIMI_KERNELS": mode, "KIMI_CACHE_DIR": str(layout.cache),
-           "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip")),
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     if from_dir is not None:
         env["KIMI_FROM"] = str(from_dir)
     pin = load_pin(layout.line_dir(line) / "pin.json")
-    logs = layout.private / "logs"
     build_reqs = _build_requirements(layout.root, mode)
     t0 = _step(f"[1/2] installing torch {pin.torch} and vLLM's build requirements (log: {logs / 'pip-build.log'})")
     _run_logged([str(python), "-m", "pip", "install", f"torch=={pin.torch}", "-r", str(build_reqs)],
                 logs / "pip-build.log", env, layout.root)
     t1 = _step(f"      done in {time.monotonic() - t0:.0f} s")
-    _step(f"[2/2] pip install -e . with precompiled {mode} kernels (log: {logs / 'pip-install.log'})")
-    _run_logged([str(python), "-m", "pip", "install", "--no-build-isolation", "-e", "."],
+    _step(f"[2/2] pip install -e . with precompiled {mode} kernels, and {', '.join(TOOLS)} "
+          f"(log: {logs / 'pip-install.log'})")
+    _run_logged([str(python), "-m", "pip", "install", "--no-build-isolation", "-e", ".", *TOOLS],
                 logs / "pip-install.log", env, layout.root)
     _step(f"      done in {time.monotonic() - t1:.0f} s")
-    marker.write_text(key + "\n")
+    marker.write_text(marker_text(key))
     return python
 
 

@@ -197,3 +197,15 @@ def fork(tmp_path: Path) -> Fork:
     for key, value in (("user.name", "test"), ("user.email", "test@localhost"), ("commit.gpgsign", "false")):
         subprocess.run(["git", "-C", str(root), "config", key, value], check=True)
     return result
+
+
+@pytest.fixture(scope="session")
+def trained_pair() -> Path:
+    """The trained reference pair in ``ROOT/.kimi/models/trained``: the folder ``kimi demo`` serves and the tests
+    of the pair read, made once per session by ``kimi models train-pair`` (which keeps a complete pair of the
+    current recipe and trains one otherwise: about 5 minutes on 2 idle cores, printing nothing here)."""
+    models = ROOT / ".kimi" / "models" / "trained"
+    made = subprocess.run([sys.executable, "-m", "kimi", "models", "train-pair", str(models)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=3000)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return models

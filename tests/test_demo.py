@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kimi.demo import acceptance, demo_models
 from kimi.e2e.prompts import code_prompts
-from kimi.e2e.server import VllmServer, spec_counters
+from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
+from kimi.fork.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,12 +52,40 @@ def test_a_server_that_exits_at_start_raises_with_its_log(tmp_path: Path) -> Non
         server.start(timeout=30)
 
 
+def test_per_position_acceptance_is_read_from_prometheus_text() -> None:
+    assert accepted_per_position(METRICS) == [5.0]
+    two = METRICS + 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="2"} 1.0\n'
+    assert accepted_per_position(two) == [5.0, 0.0, 1.0]
+    assert accepted_per_position("") == []
+    found = acceptance(two, k=3)
+    assert found["tau"] == 1 + 7 / 12 and found["per_position"] == [5 / 12, 0.0, 1 / 12]
+    assert acceptance("", k=3)["per_position"] == [] and acceptance(METRICS, k=1)["per_position"] == [5 / 12]
+
+
+def test_demo_serves_the_trained_pair_unless_asked_for_the_reference_models(tmp_path: Path) -> None:
+    layout = Layout(root=tmp_path, cache=tmp_path / "cache")
+    trained = demo_models(layout, "trained", None)
+    assert trained.folder == tmp_path / ".kimi" / "models" / "trained" and trained.drafter == trained.folder / "drafter"
+    assert trained.make == ["models", "train-pair", str(trained.folder)]
+    reference = demo_models(layout, "reference", None)
+    assert reference.drafter == tmp_path / ".kimi" / "models" / "reference" / "drafter-mla"
+    assert demo_models(layout, "reference", "llama").drafter.name == "drafter-llama"
+    with pytest.raises(KimiError, match="--models reference"):
+        demo_models(layout, "trained", "mla")
+    with pytest.raises(KimiError, match="--models must be one of"):
+        demo_models(layout, "random", None)
+
+
 @pytest.mark.install
-def test_demo_serves_the_reference_models_with_eagle3(tmp_path: Path) -> None:
+def test_demo_serves_the_trained_pair_with_real_acceptance(trained_pair: Path) -> None:
+    """`kimi demo` as the README runs it, on the pair the session fixture made (so it is trained once)."""
     env = {**os.environ, "KIMI_CACHE_DIR": os.environ.get("KIMI_CACHE_DIR", str(ROOT / ".kimi" / "cache"))}
-    result = subprocess.run([sys.executable, "-m", "kimi", "demo", "--max-tokens", "16"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=1500)
+    result = subprocess.run([sys.executable, "-m", "kimi", "demo", "--max-tokens", "32", "--prompts", "2"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert "--- completion (" in result.stdout and "server stopped" in result.stderr
-    drafts = result.stdout.split("spec decode: ")[1].split(" drafts")[0]
-    assert int(drafts) > 0
+    assert "is complete" in result.stderr  # the fixture's pair, not trained again
+    assert result.stdout.count("--- completion (32 tokens") == 2 and "server stopped" in result.stderr
+    stats = result.stdout.split("spec decode: ")[1]
+    tau = float(stats.split("tau = ")[1].split()[0])
+    per_pos = [float(p) for p in stats.split("acceptance per draft position: ")[1].split(", ")]
+    assert tau > 2.0 and len(per_pos) == 3 and per_pos[0] > 0.5, stats

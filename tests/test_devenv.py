@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Fork
-from kimi.devenv import _build_requirements, _install_key, line_layout
+from kimi.devenv import TOOLS, _build_requirements, _install_key, install_needed, line_layout, marker_text
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
 
@@ -71,3 +71,14 @@ def test_build_requirements_under_each_release_layout(tmp_path: Path) -> None:
     assert _build_requirements(tmp_path, "cpu") == tmp_path / "requirements" / "build" / "cpu.txt"
     with pytest.raises(KimiError, match="no build requirements for cuda"):
         _build_requirements(tmp_path, "cuda")
+
+
+def test_install_marker_asks_for_the_tools_alone_in_an_older_venv() -> None:
+    """A venv installed by a kimi without TOOLS (marker: the key alone) gets the tools, not a reinstall."""
+    key = "ab" * 32
+    assert "matplotlib" in TOOLS
+    assert install_needed(None, key) == "all"
+    assert install_needed("cd" * 32 + "\n", key) == "all"
+    assert install_needed(key + "\n", key) == "tools"
+    assert install_needed(key + "\ntools: pytest\n", key) == "tools"
+    assert install_needed(marker_text(key), key) is None

@@ -1,5 +1,5 @@
 """The drafter-training pieces that need only torch: the TTT unroll against a served draft chain, the loss
-masks, the draft vocabulary, resumable sample files and the report without matplotlib."""
+masks, the draft vocabulary, resumable sample files, the report's PNG charts (and its data without matplotlib)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from kimi.train.report import report  # noqa: E402
 from kimi.train.store import append_samples, read_samples  # noqa: E402
 from kimi.train.trainer import ttt_loss  # noqa: E402
 from kimi.train.vocab import build_vocab  # noqa: E402
+from pngs import assert_png, require_matplotlib  # noqa: E402
 
 SHAPE = DrafterShape(hidden=16, target_hidden=16, num_aux=3, vocab=40, draft_vocab=24, heads=2, head_dim=8,
                      intermediate=32)
@@ -115,19 +116,48 @@ def test_torn_sample_line_is_dropped(tmp_path: Path):
     assert read_samples(path) == [{"input_ids": [1], "loss_mask": [1]}]
 
 
-def test_report_without_matplotlib_keeps_the_data(tmp_path: Path):
-    (tmp_path / "train").mkdir()
+def _log(work: Path) -> dict:
+    """A five-step training log in ``work`` and a served result for the report."""
+    (work / "train").mkdir()
     rows = [{"step": i + 1, "loss": 3.0 - i * 0.1, "acc": [0.5, 0.4], "tau_ttt": 1.7} for i in range(5)]
-    (tmp_path / "train" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    md = report(tmp_path, {"k": 2, "tau": 1.6, "per_position": [0.4, 0.2], "counters": {}}).read_text()
-    assert "tau = 1.60" in md
+    (work / "train" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"k": 2, "tau": 1.6, "per_position": [0.4, 0.2], "counters": {}}
+
+
+def test_report_without_matplotlib_keeps_the_data(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("kimi.train.report.pyplot", lambda: None)
+    md = report(tmp_path, _log(tmp_path)).read_text()
+    assert "tau = 1.60" in md and "matplotlib is not installed" in md and "![" not in md
     assert (tmp_path / "report" / "curves.csv").read_text().count("\n") == 6
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert "matplotlib is not installed" in md
-    else:
-        assert (tmp_path / "report" / "training.png").is_file()
+    assert not list((tmp_path / "report").glob("*.png"))
+
+
+def test_report_writes_valid_png_charts(tmp_path: Path):
+    require_matplotlib()
+    md = report(tmp_path, _log(tmp_path)).read_text()
+    for name in ("training.png", "acceptance.png"):
+        assert f"![{name}]({name})" in md
+        assert_png(tmp_path / "report" / name, min_size=(400, 300))
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "acceptance.png", "curves.csv", "report.md", "served.json", "training.png"]  # no temp files left
+    again = report(tmp_path).read_text()  # no served result given: the kept one
+    assert "tau = 1.60" in again and "![acceptance.png](acceptance.png)" in again
+
+
+def test_acceptance_benchmark_writes_its_chart_beside_the_json(tmp_path: Path):
+    import importlib.util
+
+    require_matplotlib()
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("acceptance_bench", root / "benchmarks" / "acceptance.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = json.loads((root / "benchmarks" / "results" / "acceptance.json").read_text())
+    png = bench.chart(result, tmp_path / "acceptance.png")
+    assert png == tmp_path / "acceptance.png"
+    assert_png(png, min_size=(400, 300))
+    assert "![per-position acceptance](acceptance.png)" in bench.markdown(result, png.name)
+    assert_png(root / "benchmarks" / "results" / "acceptance.png", min_size=(400, 300))  # the recorded one
 
 
 def test_shifted_ids_move_every_id_by_one_inside_the_target():
@@ -147,3 +177,16 @@ def test_shipped_targets_have_mla_head_dims_a_gpu_engine_takes():
     for spec in (ReferenceSpec(), TRAINED_SPEC):
         assert (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim) in GPU_MLA_PREFILL_HEAD_DIMS
         assert spec.kv_lora_rank + spec.qk_rope_head_dim == 576
+
+
+def test_a_pair_made_with_another_recipe_is_named_for_retraining():
+    from dataclasses import replace
+
+    from kimi.train.pair import PairRecipe, recipe_changes, recipe_json
+    from kimi.train.trainer import TrainOptions
+
+    current = PairRecipe()
+    assert recipe_changes({"recipe": recipe_json(current)}, current) == []
+    older = replace(current, train=TrainOptions(epochs=6, batch=16, lr=3e-3, warmup=10))
+    assert recipe_changes({"recipe": recipe_json(older)}, current) == ["train"]
+    assert recipe_changes({}, current) == sorted(recipe_json(current))

@@ -2,7 +2,7 @@
 
 * a tiny pair (minutes): every ``kimi train`` stage, the exported drafter passes ``kimi drafter inspect``,
   the stages resume (a second run does nothing), and ``--init`` warm starts;
-* the trained reference pair (``.kimi/models/trained``, trained when missing): served on CPU with k = 3,
+* the trained reference pair (``.kimi/models/trained``, the session fixture ``trained_pair``): served on CPU with k = 3,
   greedy, held-out prompts, tau > :data:`MIN_TAU`, and the same drafter with its aux ids shifted by one gets
   clearly less (by :data:`GUARD_MARGIN`).
 """
@@ -68,16 +68,13 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path):
     assert started.returncode == 0 and "warm start" in started.stderr, started.stderr[-2000:]
 
 
-def test_trained_pair_acceptance_and_wiring_guard(tmp_path: Path):
+def test_trained_pair_acceptance_and_wiring_guard(tmp_path: Path, trained_pair: Path):
     from kimi.e2e.engine import tokenize
     from kimi.e2e.prompts import code_prompts
     from kimi.train.acceptance import served_acceptance
     from kimi.train.export import shifted_ids, with_ids
 
-    models = ROOT / ".kimi" / "models" / "trained"
-    if not (models / "MANIFEST.json").is_file():
-        made = _kimi("models", "train-pair", timeout=3000)
-        assert made.returncode == 0, made.stderr[-3000:]
+    models = trained_pair
     target, drafter = str(models / "target"), models / "drafter"
     ids = json.loads((drafter / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
     layers = json.loads((models / "target" / "config.json").read_text())["num_hidden_layers"]

@@ -72,6 +72,18 @@ def spec_counters(metrics: str) -> dict[str, float]:
     return found
 
 
+def accepted_per_position(metrics: str) -> list[float]:
+    """Accepted draft tokens at each draft position (``vllm:spec_decode_num_accepted_tokens_per_pos_total``,
+    label ``position``) in a Prometheus ``/metrics`` text, summed over other labels; [] when absent."""
+    found: dict[int, float] = {}
+    for line in metrics.splitlines():
+        match = re.match(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\}\s+'
+                         r"([0-9.eE+-]+)$", line)
+        if match:
+            found[int(match.group(1))] = found.get(int(match.group(1)), 0.0) + float(match.group(2))
+    return [found.get(i, 0.0) for i in range(max(found) + 1)] if found else []
+
+
 class VllmServer:
     """``vllm serve MODEL ARGS...`` as a child process, stopped on exit from the ``with`` block.
 
@@ -133,8 +145,13 @@ class VllmServer:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         return request(f"{self.base}/v1/completions", json.dumps(body).encode(), timeout)
 
+    def metrics(self) -> str:
+        """The server's Prometheus ``/metrics`` text."""
+        return request(f"{self.base}/metrics", timeout=30).body
+
     def counters(self) -> dict[str, float]:
-        return spec_counters(request(f"{self.base}/metrics", timeout=30).body)
+        """:func:`spec_counters` of :meth:`metrics`."""
+        return spec_counters(self.metrics())
 
     def stop(self) -> None:
         """SIGINT the server's process group, then SIGKILL after 30 s."""

@@ -68,13 +68,32 @@ TINY = PairRecipe(target=TargetTraining(steps=8, batch=4, seq_len=64),
                   train=TrainOptions(epochs=2, batch=4, save_every=2), eval_prompts=2, eval_tokens=12)
 
 
+def recipe_json(recipe: PairRecipe) -> dict:
+    """``recipe`` as its manifest stores it (JSON types: tuples become lists)."""
+    return json.loads(json.dumps(asdict(recipe)))
+
+
+def recipe_changes(manifest: dict, recipe: PairRecipe) -> list[str]:
+    """The fields of ``recipe`` (``target``, ``train``, ...) that a pair's manifest records otherwise; [] if none."""
+    made = manifest.get("recipe") or {}
+    return sorted(k for k, v in recipe_json(recipe).items() if made.get(k) != v)
+
+
 def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False, tiny: bool = False) -> dict:
-    """Make (or finish) the pair in ``out``; returns its manifest."""
+    """Make (or finish) the pair in ``out``; returns its manifest.
+
+    A complete pair (``MANIFEST.json``) made with this recipe is kept; one made with another recipe (an older
+    checkout's) is trained again, so a cached pair always matches the code.
+    """
     recipe = recipe or (TINY if tiny else PairRecipe())
+    done = read_json(out / "MANIFEST.json")
+    changed = recipe_changes(done, recipe) if done else []
+    if changed and not force:
+        say(f"the pair in {out} was trained with another recipe (differs in: {', '.join(changed)}): training again")
+        force = True
     if force and out.exists():
         shutil.rmtree(out)
-    done = read_json(out / "MANIFEST.json")
-    if done:
+    elif done:
         say(f"the trained pair in {out} is complete (MANIFEST.json)")
         return done
     times: dict[str, float] = {}
@@ -97,7 +116,7 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
     times["serve_s"] = time.monotonic() - started - sum(times.values())
     report(work, served)
     target_manifest = json.loads((target / "MANIFEST.json").read_text())
-    manifest = {"recipe": asdict(recipe), "seconds": {k: round(v, 1) for k, v in times.items()},
+    manifest = {"recipe": recipe_json(recipe), "seconds": {k: round(v, 1) for k, v in times.items()},
                 "target_final_loss": target_manifest["final_loss"], "vocab": vocab,
                 "train_last": metrics, "served": {k: v for k, v in served.items() if k != "tokens"},
                 "aux_layer_ids": read_json(work / "capture" / "index.json")["aux_layer_ids"]}

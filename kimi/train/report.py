@@ -3,8 +3,10 @@
 Reads ``work/train/log.jsonl`` (loss, per-step TTT acceptance, tau_ttt per optimiser step) and, when
 given, a served-acceptance result (:func:`kimi.train.acceptance.served_acceptance` or
 ``benchmarks/results/acceptance.json``). Writes ``work/report/``: ``curves.csv`` (always),
-``training.png`` and ``acceptance.png`` (where matplotlib is importable; the fork's venv does not ship it,
-and the report then says so and keeps the data), ``served.json`` and ``report.md``.
+``training.png`` (loss and per-step TTT acceptance, moving averages) and ``acceptance.png`` (served
+per-position acceptance) where matplotlib is importable (``kimi setup`` installs it into the fork's venv;
+without it the report says so and keeps the data), ``served.json`` and ``report.md``. Every file is written
+atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
+from kimi.train.charts import acceptance_chart, pyplot, save_png
 from kimi.train.engine import say
+from kimi.train.store import read_json
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -41,13 +45,10 @@ def read_log(work: Path) -> list[dict]:
 
 
 def _charts(folder: Path, log: list[dict], served: dict | None, window: int) -> list[str]:
-    """Write the PNGs; returns their names, or [] without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """Write ``training.png`` (loss; TTT acceptance per step) and, with ``served``, ``acceptance.png`` (served
+    per-position acceptance), atomically; returns their names, or [] without matplotlib."""
+    plt = pyplot()
+    if plt is None:
         return []
     steps = [r["step"] for r in log]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -58,24 +59,26 @@ def _charts(folder: Path, log: list[dict], served: dict | None, window: int) -> 
     ax2.set(xlabel="step", ylabel="acceptance (argmax match)", title="training-time test acceptance")
     ax2.legend()
     fig.tight_layout()
-    fig.savefig(folder / "training.png", dpi=100)
+    save_png(fig, folder / "training.png")
     names = ["training.png"]
     if served:
-        fig, ax = plt.subplots(figsize=(5, 4))
-        ax.bar([str(i) for i in range(len(served["per_position"]))], served["per_position"])
-        ax.set(xlabel="draft position", ylabel="acceptance rate",
-               title=f"served, k={served['k']}, tau={served['tau']:.2f}")
-        fig.tight_layout()
-        fig.savefig(folder / "acceptance.png", dpi=100)
+        acceptance_chart(folder / "acceptance.png", {"served": served["per_position"]},
+                         f"served, greedy, k = {served['k']}, tau = {served['tau']:.2f}")
         names.append("acceptance.png")
-    plt.close("all")
     return names
 
 
 def report(work: Path, served: dict | None = None, window: int = 20) -> Path:
-    """Write ``work/report`` (see module docstring); returns the markdown file."""
+    """Write ``work/report`` (see module docstring); returns the markdown file.
+
+    Without ``served``, the served result an earlier report kept (``work/report/served.json``) is used.
+
+    Raises:
+        KimiError: no training log in ``work``.
+    """
     log = read_log(work)
     folder = work / "report"
+    served = served or read_json(folder / "served.json")
     folder.mkdir(parents=True, exist_ok=True)
     k = len(log[0]["acc"])
     csv = "step,loss,tau_ttt," + ",".join(f"acc_{j}" for j in range(k)) + "\n" + "".join(
@@ -98,8 +101,8 @@ def report(work: Path, served: dict | None = None, window: int = 20) -> Path:
     if charts:
         lines += [f"![{name}]({name})" for name in charts]
     else:
-        lines += [("No PNG charts: matplotlib is not installed in this environment (the fork's venv does not ship "
-                  "it). The curves are in `curves.csv` (and the served numbers in `served.json`); run "
+        lines += [("No PNG charts: matplotlib is not installed in this environment (`kimi setup` installs it into "
+                  "the fork's venv). The curves are in `curves.csv` (and the served numbers in `served.json`); run "
                   "`kimi train report` where matplotlib is importable to draw them.")]
     write_atomic(folder / "report.md", "\n".join(lines) + "\n")
     say(f"report: {folder / 'report.md'}" + ("" if charts else " (no matplotlib: data only, no PNG)"))

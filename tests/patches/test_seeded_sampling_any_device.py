@@ -1,0 +1,71 @@
+"""Patch 0011: a seeded request (temperature > 0) whose prompt is prefilled in chunks runs on vLLM's CPU backend,
+and its output does not depend on the chunking (the discarded sample's draw is undone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from vllm import LLM, SamplingParams
+    from kimi.e2e.engine import CPU_ENGINE, tokenize
+    from kimi.e2e.prompts import code_prompts
+
+    target = sys.argv[1]
+    long = sum(tokenize(target, code_prompts(4)), [])[:300]  # one prompt of 300 tokens
+    params = [SamplingParams(temperature=1.0, seed=7 + i, max_tokens=12, ignore_eos=True) for i in range(2)]
+    prompts = [{"prompt_token_ids": long}, {"prompt_token_ids": long[:40]}]
+    out = {}
+    for name, budget in (("chunked", 64), ("whole", 1024)):  # 64: the 300-token prefill takes 5 steps
+        llm = LLM(model=target, enable_prefix_caching=False, max_num_batched_tokens=budget,
+                  **dict(CPU_ENGINE, enforce_eager=True))
+        try:
+            out[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_kept_state_undoes_a_cpu_generators_discarded_draw() -> None:
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    from kimi.sampling import keep_discarded_states, rewind_discarded
+
+    gens = {0: torch.Generator().manual_seed(1), 2: torch.Generator().manual_seed(2)}
+    want = torch.empty(50).exponential_(generator=torch.Generator().manual_seed(2))
+    kept = keep_discarded_states(gens, np.array([False, True, True]))
+    assert sorted(kept) == [2]  # request 1 has no generator (unseeded), request 0 is not discarded
+    torch.empty(50).exponential_(generator=gens[2])  # the discarded sample's draw
+    torch.empty(50).exponential_(generator=gens[0])
+    rewind_discarded(gens, [1, 2], kept)
+    assert torch.equal(torch.empty(50).exponential_(generator=gens[2]), want)
+    with pytest.raises(RuntimeError, match="keep_discarded_states must run before sampling"):
+        rewind_discarded(gens, [0], kept)
+
+
+@pytest.mark.install
+def test_seeded_sampling_with_chunked_prefill_on_cpu(tmp_path: Path) -> None:
+    """Without the patch the chunked run dies with "CPU Generator does not use offset"."""
+    models = tmp_path / "reference"
+    made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(models)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-2000:]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(models / "target")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
+    out = json.loads(lines[0].removeprefix("RESULT "))
+    assert all(len(tokens) == 12 for tokens in out["chunked"] + out["whole"])
+    assert out["chunked"] == out["whole"]
