@@ -116,7 +116,13 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs on a GPU (always eager on CPU)")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="only redraw acceptance.md and acceptance.png beside a recorded acceptance.json "
+                             "(e.g. one brought back from a GPU host without matplotlib)")
     args = parser.parse_args()
+    if args.render:
+        render(json.loads(args.render.read_text()), args.render.parent)
+        return 0
     started = time.monotonic()
     try:
         manifest = load_pair(args.models, default)
@@ -151,13 +157,18 @@ def main() -> int:
               "seconds": round(time.monotonic() - started, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "acceptance.json", json.dumps(result, indent=2) + "\n")
-    png = chart(result, args.out / "acceptance.png")
+    render(result, args.out)
+    return 0
+
+
+def render(result: dict, out: Path) -> None:
+    """Write ``acceptance.png`` (where matplotlib is importable) and ``acceptance.md`` for ``result`` in ``out``."""
+    png = chart(result, out / "acceptance.png")
     if png is None:
         print("acceptance: no acceptance.png: matplotlib is not installed here (`kimi setup` installs it)",
               file=sys.stderr)
-    write_atomic(args.out / "acceptance.md", markdown(result, png.name if png else None))
+    write_atomic(out / "acceptance.md", markdown(result, png.name if png else None))
     print(markdown(result, png.name if png else None))
-    return 0
 
 
 if __name__ == "__main__":
