@@ -147,7 +147,8 @@ def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     assert up["PYTHONPATH"].split(os.pathsep)[:2] == ["/tmp/upstream", "/tmp/site"]
     assert fork["PYTHONPATH"].split(os.pathsep)[0] == "/tmp/site" and "/tmp/upstream" not in fork["PYTHONPATH"]
     assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
-    assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"] == perf.variant_env(args, "nospec", tmp_path)["VLLM_CACHE_ROOT"]
+    nospec = perf.variant_env(args, "nospec", tmp_path)
+    assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"] == nospec["VLLM_CACHE_ROOT"]
 
 
 def test_plan_order_and_the_v2_runner_variant(tmp_path: Path) -> None:

@@ -9,18 +9,14 @@ engine with "MLA is not supported on CPU."; without patch 0008 the MLA drafter s
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from engine_script import make_reference_models, run_engine_script
+
 pytestmark = pytest.mark.install
 
-ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
@@ -61,16 +57,8 @@ _SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    models = tmp_path_factory.mktemp("models") / "reference"
-    made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(models)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr[-2000:]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(models)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=1500)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    models = make_reference_models(tmp_path_factory.mktemp("models") / "reference")
+    return run_engine_script(_SCRIPT, str(models), timeout=1500)
 
 
 def test_mla_layers_get_the_cpu_mla_backend(runs: dict) -> None:

@@ -11,18 +11,16 @@ alone.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from engine_script import make_reference_models, run_engine_script
+
 pytestmark = pytest.mark.install
 
-ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
@@ -40,20 +38,12 @@ _SCRIPT = textwrap.dedent("""
 
 
 def test_drafter_reading_layer_zero_runs(tmp_path: Path) -> None:
-    models = tmp_path / "reference"
-    made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(models)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr[-2000:]
+    models = make_reference_models(tmp_path / "reference")
     drafter = tmp_path / "drafter-layer0"
     shutil.copytree(models / "drafter-llama", drafter)
     config = json.loads((drafter / "config.json").read_text())
     config["eagle_aux_hidden_state_layer_ids"] = [0, 3, 6]
     (drafter / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(models / "target"), str(drafter)], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=1200)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
-    out = json.loads(lines[-1].removeprefix("RESULT "))
+    out = run_engine_script(_SCRIPT, str(models / "target"), str(drafter))
     assert out["counters"]["num_drafts"] > 0
     assert out["eagle3"] == out["base"]

@@ -8,18 +8,15 @@ is off. Without the patch the proposer has no ``draft_greedy`` attribute.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from engine_script import make_reference_models, run_engine_script
+
 pytestmark = pytest.mark.install
 
-ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent("""
     import json, os, sys, torch
@@ -46,17 +43,8 @@ _SCRIPT = textwrap.dedent("""
 
 
 def test_greedy_drafts_equal_upstream_ids(tmp_path: Path) -> None:
-    models = tmp_path / "reference"
-    made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(models)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr[-2000:]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
-    env["KIMI_DRAFT_GREEDY"] = "auto"
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(models)], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=1200)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
-    out = json.loads(lines[-1].removeprefix("RESULT "))
+    models = make_reference_models(tmp_path / "reference")
+    out = run_engine_script(_SCRIPT, str(models), env={"KIMI_DRAFT_GREEDY": "auto"})
     assert out["llama"] == out["mla"] == {"hook": True, "same_ids": True}
     assert out["default_hook"] is False  # opt-in: see kimi/drafter/greedy.py
 

@@ -3,16 +3,12 @@ and its output does not depend on the chunking (the discarded sample's draw is u
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from engine_script import make_reference_models, run_engine_script
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
@@ -57,15 +53,7 @@ def test_kept_state_undoes_a_cpu_generators_discarded_draw() -> None:
 @pytest.mark.install
 def test_seeded_sampling_with_chunked_prefill_on_cpu(tmp_path: Path) -> None:
     """Without the patch the chunked run dies with "CPU Generator does not use offset"."""
-    models = tmp_path / "reference"
-    made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(models)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr[-2000:]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, str(models / "target")], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=900)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
-    out = json.loads(lines[0].removeprefix("RESULT "))
+    models = make_reference_models(tmp_path / "reference")
+    out = run_engine_script(_SCRIPT, str(models / "target"), timeout=900)
     assert all(len(tokens) == 12 for tokens in out["chunked"] + out["whole"])
     assert out["chunked"] == out["whole"]
