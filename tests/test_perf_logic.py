@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import perf_vs_upstream as perf  # noqa: E402
 
 from kimi.models import kimi_slice  # noqa: E402
+from pngs import assert_png, require_matplotlib  # noqa: E402
 
 
 def test_step_times_take_the_steady_batch_and_spread_draft_time_over_draft_tokens() -> None:
@@ -98,7 +99,9 @@ def test_markdown_and_json_are_written(tmp_path: Path) -> None:
                "projection": {},
                "goal": perf.goal(rows), "same_as_nospec": perf.same_as_nospec(runs, jobs), "greedy_check": {},
                "runs": {n: perf._without_tokens(r) for n, r in runs.items()}}
-    perf.write_outputs(tmp_path, summary, chart=False)
+    require_matplotlib()
+    perf.write_outputs(tmp_path, summary)
+    assert assert_png(tmp_path / "perf_vs_upstream.png", min_size=(400, 300))
     text = (tmp_path / "perf_vs_upstream.md").read_text()
     assert "| pair | 4 | 3 | 198.0 | 180.0 | 100.0 | 1.1 |" in text
     data = json.loads((tmp_path / "perf_vs_upstream.json").read_text())
