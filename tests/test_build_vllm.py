@@ -105,7 +105,7 @@ FetchContent_Declare(fmha_sm100 GIT_REPOSITORY https://github.com/vllm-project/M
 @pytest.fixture(autouse=True)
 def _no_src_env(monkeypatch):
     """The machine's own *_SRC_DIR settings must not leak into these tests."""
-    for var in (*srcs.REQUIRED, "KIMI_SOURCES_DIR", "CUDA_HOME"):
+    for var in (*srcs.REQUIRED, "KIMI_SOURCES_DIR", "CUDA_HOME", "CMAKE_ARGS"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -175,6 +175,8 @@ def test_plan_sizes_jobs_and_prints_them(tmp_path):
     text = vb.render_plan(p)
     assert "jobs: 9 (cores 16, available memory 100.0 GiB, 11 GiB per job" in text
     assert plan(root, jobs=3).jobs == 3  # an explicit -j wins
+    assert not any("may be killed for memory" in w for w in p.warnings)
+    assert any("may be killed for memory" in w for w in plan(root, available_gb=6.0).warnings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +220,9 @@ def test_fork_subset_builds_the_draft_head_and_the_series_units(tmp_path):
     p = plan(root, "fork")
     assert [u["source"] for u in p.units] == ["csrc/libtorch_stable/topk.cu"]
     assert p.build[-1] == "CMakeFiles/_C_stable_libtorch.dir/csrc/libtorch_stable/topk.cu.o"
+    assert vb.owner_target(CMAKELISTS, "csrc/libtorch_stable/quantization/fp4/nvfp4_quant_kernels.cu") == \
+        "_C_stable_libtorch"
+    assert vb.owner_target(CMAKELISTS, "csrc/libtorch_stable/moe/new.cu") == "_moe_C_stable_libtorch"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +253,7 @@ def test_sm100_configure_is_offline_with_local_sources_and_standins(tmp_path):
         assert flag in c, flag
     assert not any(x.startswith("-DTRITON_KERNELS_SRC_DIR") for x in c)  # that cmake file reads the env only
     assert not any("LAUNCHER" in x for x in c)  # no ccache here
+    assert plan(root, cmake_args=["-DCUDNN_ROOT=/x"]).configure[-1] == "-DCUDNN_ROOT=/x"
     assert p.build[:5] == ["/opt/bin/cmake", "--build", str(root / "build"), "-j", "1"]
     assert p.build[5] == "--target" and len(p.build[6:]) == 6 and all(t.endswith(".cu.o") for t in p.build[6:])
     assert not p.fork_library and p.install is None

@@ -122,10 +122,16 @@ def target_of_list(text: str, list_name: str) -> str:
     if not appended:
         raise KimiError(f"CMakeLists.txt appends {list_name} to no source list: update SM100_LISTS in {__file__}")
     ext = appended.group(1)
-    target = re.search(rf"define_extension_target\(\s*([A-Za-z0-9_]+)[^)]*?SOURCES\s+\$\{{{ext}\}}", text, re.S)
+    target = _target_with_sources(text, ext)
     if not target:
         raise KimiError(f"no define_extension_target(... SOURCES ${{{ext}}}) in CMakeLists.txt")
-    return target.group(1)
+    return target
+
+
+def _target_with_sources(text: str, list_name: str) -> str | None:
+    """The target of ``define_extension_target(TARGET ... SOURCES ${list_name}``, or None."""
+    match = re.search(rf"define_extension_target\(\s*([A-Za-z0-9_]+)[^)]*?SOURCES\s+\$\{{{list_name}\}}", text, re.S)
+    return match.group(1) if match else None
 
 
 def sm100_units(root: Path) -> list[Unit]:
@@ -145,17 +151,29 @@ def sm100_units(root: Path) -> list[Unit]:
     return list(units.values())
 
 
-def series_cuda_units(root: Path, line: str, all_units: dict[str, str] | None = None) -> list[Unit]:
-    """Upstream CUDA/C++ units under ``csrc/`` that the line's patch series changes, with the
-    target that compiles each (from the CMake lists; ``_C_stable_libtorch`` when not found)."""
-    patches = sorted((root / "kimi" / "lines" / line / "patches").glob("*.patch"))
-    changed = []
-    for patch in patches:
+def owner_target(text: str, source: str) -> str:
+    """The extension target of CMakeLists.txt ``text`` that compiles ``source``: the target of the
+    ``set(...)`` list naming it; else by folder (``csrc/libtorch_stable/moe/`` -> ``_moe_C_stable_libtorch``,
+    other -> ``_C_stable_libtorch``). A wrong guess is caught before building (no rule in build.ninja)."""
+    for name, items in cmake_lists(text).items():
+        if source in items:
+            try:
+                return _target_with_sources(text, name) or target_of_list(text, name)
+            except KimiError:
+                break
+    return "_moe_C_stable_libtorch" if "/moe/" in source else "_C_stable_libtorch"
+
+
+def series_cuda_units(root: Path, line: str) -> list[Unit]:
+    """Upstream CUDA/C++ units under ``csrc/`` that the line's patch series changes
+    (``kimi/lines/<line>/patches/*.patch``), each with the target that compiles it."""
+    text = (root / "CMakeLists.txt").read_text(errors="replace")
+    changed: list[str] = []
+    for patch in sorted((root / "kimi" / "lines" / line / "patches").glob("*.patch")):
         for path in re.findall(r"^diff --git a/(csrc/\S+\.(?:cu|cpp|cc))\s", patch.read_text(errors="replace"), re.M):
             if path not in changed:
                 changed.append(path)
-    owners = all_units or {}
-    return [Unit(owners.get(path, "_C_stable_libtorch"), path, "series") for path in changed]
+    return [Unit(owner_target(text, path), path, "series") for path in changed]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +335,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
               build_dir: Path | None = None, jobs: int | None = None, per_job_gb: float = PER_JOB_GB,
               python: str | None = None, build_type: str = "RelWithDebInfo", install: bool = False,
               line: str | None = None, sources_dir: Path | None = None, toolchain: Toolchain | None = None,
-              cores: int | None = None, available_gb: float | None = None) -> Plan:
+              cores: int | None = None, available_gb: float | None = None,
+              cmake_args: list[str] | None = None) -> Plan:
     """The configure/build commands and environment for ``subset`` of the vLLM tree at ``root``.
 
     Args:
@@ -329,6 +348,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         python: the interpreter whose torch CMake uses (default :func:`default_python`).
         build_type: CMAKE_BUILD_TYPE (setup.py's default is RelWithDebInfo).
         install: after ``all``, install the libraries into ``root`` (``cmake --install``).
+        cmake_args: more configure arguments (``-DX=Y``), after ours; default: ``$CMAKE_ARGS`` split
+            on spaces, as vLLM's setup.py reads it.
         toolchain, cores, available_gb: for tests; found on this machine otherwise.
 
     Problems (missing sources or tools) go to ``plan.problems``, each naming its fix; nothing is run.
@@ -346,6 +367,9 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
     jobs = jobs or jobs_for_memory(cores, available_gb, per_job_gb)
     problems: list[str] = []
     warnings: list[str] = []
+    if available_gb < per_job_gb * jobs:
+        warnings.append(f"{available_gb:.1f} GiB available for {jobs} job(s) of up to {per_job_gb:g} GiB: a heavy "
+                        "CUTLASS unit may be killed for memory (free memory, or lower --jobs)")
 
     if subset == "sm100":
         units = sm100_units(root)
@@ -413,6 +437,7 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         if tc.ccache:
             configure += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={tc.ccache}" for lang in ("C", "CXX", "CUDA")]
         configure += cmake_defs
+        configure += cmake_args if cmake_args is not None else os.environ.get("CMAKE_ARGS", "").split()
         build = [cmake, "--build", str(build_dir), "-j", str(jobs)]
         if units:
             build += ["--target", *[u.object for u in units]]
