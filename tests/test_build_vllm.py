@@ -374,6 +374,62 @@ def test_cli_dry_run_prints_commands_and_missing_sources(tmp_path):
     assert data["env"]["TORCH_CUDA_ARCH_LIST"] == "10.0a" and len(data["units"]) == 6
 
 
+FAKE_CMAKE = r"""#!/bin/sh
+# stands in for cmake: configure writes build.ninja with a rule per .cu the tree's CMakeLists.txt
+# names; --build touches the objects it is asked for
+if [ "$1" = "--build" ]; then
+  dir=$2; shift 4; [ "$1" = "--target" ] && shift
+  for t in "$@"; do mkdir -p "$dir/$(dirname "$t")"; : > "$dir/$t"; echo "[1/1] $t"; done
+  exit 0
+fi
+root=$2; build=$4
+[ -n "$FAKE_FAIL" ] && { echo "CMake Error: $FAKE_FAIL"; exit 3; }
+echo "-- archs $TORCH_CUDA_ARCH_LIST flashmla $FLASH_MLA_SRC_DIR path $PATH"
+ls "$FLASH_MLA_SRC_DIR/csrc/api/api.cpp" || exit 4
+mkdir -p "$build"
+for s in $(grep -o 'csrc/[^"]*[.]cu' "$root/CMakeLists.txt"); do
+  echo "build CMakeFiles/_C_stable_libtorch.dir/$s.o: CUDA_COMPILER $root/$s" >> "$build/build.ninja"
+done
+"""
+
+
+def test_run_configures_builds_the_objects_and_records(tmp_path, monkeypatch):
+    root = make_tree(tmp_path / "vllm")
+    fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
+    fake = tmp_path / "cmake"
+    fake.write_text(FAKE_CMAKE)
+    fake.chmod(0o755)
+    p = plan(root, toolchain=toolchain(cmake=str(fake)))
+    record = vb.run(p)
+    assert record.result == "ok" and len(record.objects) == 6 and record.build_seconds is not None
+    assert all((root / "build" / obj).is_file() for obj in record.objects)
+    log = (root / "build" / "build.log").read_text()
+    assert "-- archs 9.0a;10.0a flashmla " + str(root / "build" / "standins" / "flash_mla") in log
+    assert f"path /opt/cuda/bin:{os.environ['PATH']}" in log  # $PATH expanded to the caller's
+    assert (root / "build" / "standins" / "flash_mla" / vb.STANDIN_MARK).is_file()
+    saved = json.loads((root / "build" / "kimi-build.json").read_text())
+    assert saved["result"] == "ok" and saved["plan"]["subset"] == "sm100" and saved["fork_library"] is None
+    # a unit the configure made no rule for is named before anything is built
+    stale = _replan_missing_mla(root, fake, tmp_path)
+    with pytest.raises(KimiError, match="build.ninja has no rule for: .*sm100_cutlass_mla_kernel"):
+        vb.run(stale)
+    assert not (tmp_path / "b2" / stale.units[0]["object"]).exists()
+    (root / "CMakeLists.txt").write_text(CMAKELISTS)
+    monkeypatch.setenv("FAKE_FAIL", "boom")
+    with pytest.raises(KimiError, match="configure failed .* see .*build.log"):
+        vb.run(plan(root, toolchain=toolchain(cmake=str(fake))))
+    assert json.loads((root / "build" / "kimi-build.json").read_text())["result"] == "configure failed (exit 3)"
+
+
+def _replan_missing_mla(root: Path, fake: Path, tmp_path: Path) -> vb.Plan:
+    """A plan for the original units, configured against a tree whose CMakeLists.txt lost the MLA unit."""
+    (root / "CMakeLists.txt").write_text(CMAKELISTS)
+    p = vb.make_plan(root, "sm100", build_dir=tmp_path / "b2", toolchain=toolchain(cmake=str(fake)), cores=2,
+                     available_gb=21.0)
+    (root / "CMakeLists.txt").write_text(CMAKELISTS.replace('"csrc/libtorch_stable/attention/mla/', '"x/'))
+    return p
+
+
 # ---------------------------------------------------------------------------------------------
 # prepare: from local wheels, checkouts and archives
 

@@ -565,6 +565,7 @@ class BuildRecord:
     install_seconds: float | None = None
     fork_library: dict | None = None
     objects: list[str] = field(default_factory=list)
+    cubins: dict[str, list[str]] = field(default_factory=dict)
     result: str = "not run"
     log: str = ""
 
@@ -624,6 +625,9 @@ def run(plan: Plan, *, configure_only: bool = False) -> BuildRecord:
                 record.result = f"build failed (exit {rc})"
                 raise KimiError(f"build failed (exit {rc}) after {record.build_seconds} s: see {record.log}")
             record.objects = [u["object"] for u in plan.units if (build_dir / u["object"]).is_file()]
+            record.cubins = object_cubins(build_dir, record.objects)
+            for obj, cubins in record.cubins.items():
+                print(f"  {Path(obj).name}: {', '.join(cubins) or 'no cubin'}")
             if plan.install:
                 start = time.monotonic()
                 rc = _stream(plan.install, env, log, "  ")
@@ -635,6 +639,20 @@ def run(plan: Plan, *, configure_only: bool = False) -> BuildRecord:
         return record
     finally:
         write_json_atomic(build_dir / "kimi-build.json", record.as_dict())
+
+
+def object_cubins(build_dir: Path, objects: list[str]) -> dict[str, list[str]]:
+    """``cuobjdump --list-elf`` architectures of each built object (``{obj: ["sm_90a", "sm_100a"]}``);
+    empty when no cuobjdump of CUDA 13 or newer is found (``kimi kernels prepare --fetch`` gets one)."""
+    if not objects or fork_build.find_cuobjdump() is None:
+        return {}
+    found = {}
+    for obj in objects:
+        try:
+            found[obj] = fork_build.list_cubins(build_dir / obj)
+        except KimiError as exc:
+            found[obj] = [f"error: {exc}"]
+    return found
 
 
 def _missing_objects(build_dir: Path, units: list[dict]) -> list[str]:
