@@ -338,7 +338,7 @@ def _cmd_kernels_build_vllm(args: argparse.Namespace, layout: Layout) -> int:
     plan = vllm_build.make_plan(
         root, args.subset, build.parse_archs(args.arch), build_dir=args.build_dir, jobs=args.jobs,
         per_job_gb=args.per_job_gb, python=args.python, build_type=args.build_type, install=args.install,
-        line=args.line, cmake_args=args.cmake_arg)
+        line=args.line, cmake_args=args.cmake_arg, only=args.only)
     if args.json and args.dry_run:
         print(json.dumps(plan.as_dict(), indent=2))
         return 1 if plan.problems else 0
@@ -427,6 +427,8 @@ def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
                    "(default: %(default)s)")
     p.add_argument("--cmake-arg", action="append", default=None, metavar="-DX=Y",
                    help="another configure argument (repeatable; default: $CMAKE_ARGS, as setup.py)")
+    p.add_argument("--only", action="append", default=None, metavar="TEXT",
+                   help="build only the subset's units whose path contains TEXT (repeatable)")
     p.add_argument("--install", action="store_true", help="with --subset all: cmake --install into the tree")
     p.add_argument("--configure-only", action="store_true", help="stop after CMake's configure step")
     p.add_argument("--dry-run", action="store_true", help="print the environment and the full configure/build "

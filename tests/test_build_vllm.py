@@ -262,6 +262,16 @@ def test_sm100_configure_is_offline_with_local_sources_and_standins(tmp_path):
     assert "configure-only stand-ins" in text and "ccache: not found" in text
 
 
+def test_only_keeps_the_named_units(tmp_path):
+    root = make_tree(tmp_path / "vllm")
+    fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
+    p = plan(root, only=["cutlass_mla", "grouped_mm"])
+    assert [Path(u["source"]).name for u in p.units] == ["grouped_mm_c3x_sm100.cu", "sm100_cutlass_mla_kernel.cu"]
+    assert p.build[6:] == [u["object"] for u in p.units] and not p.problems
+    p = plan(root, only=["nothing_like_this"])
+    assert "--only nothing_like_this matches none of the sm100 subset's 6 units" in p.problems[0]
+
+
 def test_ccache_becomes_the_compiler_launcher(tmp_path):
     root = make_tree(tmp_path / "vllm")
     fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")

@@ -336,7 +336,7 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
               python: str | None = None, build_type: str = "RelWithDebInfo", install: bool = False,
               line: str | None = None, sources_dir: Path | None = None, toolchain: Toolchain | None = None,
               cores: int | None = None, available_gb: float | None = None,
-              cmake_args: list[str] | None = None) -> Plan:
+              cmake_args: list[str] | None = None, only: list[str] | None = None) -> Plan:
     """The configure/build commands and environment for ``subset`` of the vLLM tree at ``root``.
 
     Args:
@@ -348,6 +348,7 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         python: the interpreter whose torch CMake uses (default :func:`default_python`).
         build_type: CMAKE_BUILD_TYPE (setup.py's default is RelWithDebInfo).
         install: after ``all``, install the libraries into ``root`` (``cmake --install``).
+        only: keep the subset's units whose path contains one of these strings (one heavy unit alone).
         cmake_args: more configure arguments (``-DX=Y``), after ours; default: ``$CMAKE_ARGS`` split
             on spaces, as vLLM's setup.py reads it.
         toolchain, cores, available_gb: for tests; found on this machine otherwise.
@@ -380,6 +381,12 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         units = series_cuda_units(root, line or DEFAULT_LINE)
     else:
         units = []
+    if only:
+        kept = [u for u in units if any(s in u.source for s in only)]
+        if not kept:
+            problems.append(f"--only {' '.join(only)} matches none of the {subset} subset's {len(units)} units"
+                            + (f": {', '.join(Path(u.source).name for u in units)}" if units else ""))
+        units = kept or units
     needs_cmake = subset == "all" or bool(units)
 
     found = srcs.external_sources(root, sources_dir)
