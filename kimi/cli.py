@@ -332,13 +332,14 @@ def _cmd_kernels_prepare(args: argparse.Namespace, layout: Layout) -> int:
 
 
 def _cmd_kernels_build_vllm(args: argparse.Namespace, layout: Layout) -> int:
-    from kimi.kernels import build, vllm_build
+    from kimi.kernels import build, sources, vllm_build
 
     root = (args.source_dir or layout.root).resolve()
     plan = vllm_build.make_plan(
         root, args.subset, build.parse_archs(args.arch), build_dir=args.build_dir, jobs=args.jobs,
         per_job_gb=args.per_job_gb, python=args.python, build_type=args.build_type, install=args.install,
-        line=args.line, cmake_args=args.cmake_arg, only=args.only)
+        line=args.line, cmake_args=args.cmake_arg, only=args.only, checkout=layout.root,
+        sources_dir=sources.default_sources_dir(layout.root))
     if args.json and args.dry_run:
         print(json.dumps(plan.as_dict(), indent=2))
         return 1 if plan.problems else 0
@@ -419,7 +420,8 @@ def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-job-gb", type=float, default=11.0,
                    help="GiB one compile job may take, for the default jobs (default: %(default)s)")
     p.add_argument("--build-dir", type=Path, default=None, help="CMake build folder (default: .kimi/build/vllm-SUBSET)")
-    p.add_argument("--source-dir", type=Path, default=None, help="the laid vLLM tree (default: this checkout)")
+    p.add_argument("--source-dir", type=Path, default=None,
+                   help="the laid vLLM tree to build (default: this checkout; sources still from its .kimi/sources)")
     p.add_argument("--python", default=None, help="interpreter whose torch CMake uses (default: .venv/bin/python)")
     p.add_argument("--build-type", default="RelWithDebInfo",
                    help="CMAKE_BUILD_TYPE (default: %(default)s, as setup.py)")

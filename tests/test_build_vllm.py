@@ -366,7 +366,7 @@ def test_standins_let_cmake_configure_without_the_sources(tmp_path):
 
 def test_cli_dry_run_prints_commands_and_missing_sources(tmp_path):
     root = make_tree(tmp_path / "vllm")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KIMI_SOURCES_DIR": str(tmp_path / "no-sources")}
     for var in srcs.REQUIRED:
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-m", "kimi", "kernels", "build-vllm", "--source-dir", str(root),

@@ -164,12 +164,13 @@ def owner_target(text: str, source: str) -> str:
     return "_moe_C_stable_libtorch" if "/moe/" in source else "_C_stable_libtorch"
 
 
-def series_cuda_units(root: Path, line: str) -> list[Unit]:
+def series_cuda_units(checkout: Path, line: str, tree: Path | None = None) -> list[Unit]:
     """Upstream CUDA/C++ units under ``csrc/`` that the line's patch series changes
-    (``kimi/lines/<line>/patches/*.patch``), each with the target that compiles it."""
-    text = (root / "CMakeLists.txt").read_text(errors="replace")
+    (``CHECKOUT/kimi/lines/<line>/patches/*.patch``), each with the target of ``tree``'s (default:
+    the checkout's) CMakeLists.txt that compiles it."""
+    text = ((tree or checkout) / "CMakeLists.txt").read_text(errors="replace")
     changed: list[str] = []
-    for patch in sorted((root / "kimi" / "lines" / line / "patches").glob("*.patch")):
+    for patch in sorted((checkout / "kimi" / "lines" / line / "patches").glob("*.patch")):
         for path in re.findall(r"^diff --git a/(csrc/\S+\.(?:cu|cpp|cc))\s", patch.read_text(errors="replace"), re.M):
             if path not in changed:
                 changed.append(path)
@@ -336,7 +337,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
               python: str | None = None, build_type: str = "RelWithDebInfo", install: bool = False,
               line: str | None = None, sources_dir: Path | None = None, toolchain: Toolchain | None = None,
               cores: int | None = None, available_gb: float | None = None,
-              cmake_args: list[str] | None = None, only: list[str] | None = None) -> Plan:
+              cmake_args: list[str] | None = None, only: list[str] | None = None,
+              checkout: Path | None = None) -> Plan:
     """The configure/build commands and environment for ``subset`` of the vLLM tree at ``root``.
 
     Args:
@@ -348,6 +350,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         python: the interpreter whose torch CMake uses (default :func:`default_python`).
         build_type: CMAKE_BUILD_TYPE (setup.py's default is RelWithDebInfo).
         install: after ``all``, install the libraries into ``root`` (``cmake --install``).
+        checkout: the fork checkout whose ``kimi/lines/<line>/patches`` the fork subset reads
+            (default: ``root``).
         only: keep the subset's units whose path contains one of these strings (one heavy unit alone).
         cmake_args: more configure arguments (``-DX=Y``), after ours; default: ``$CMAKE_ARGS`` split
             on spaces, as vLLM's setup.py reads it.
@@ -378,7 +382,7 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
             problems.append(f"the sm100 subset compiles for 10.x only, and --arch {';'.join(archs)} has none: "
                             "add 10.0a")
     elif subset == "fork":
-        units = series_cuda_units(root, line or DEFAULT_LINE)
+        units = series_cuda_units(checkout or root, line or DEFAULT_LINE, root)
     else:
         units = []
     if only:
