@@ -209,11 +209,14 @@ def test_real_tree_sm100_group_and_sources():
     assert variables == set(srcs.REQUIRED), "a *_SRC_DIR without REQUIRED files: update kimi/kernels/sources.py"
 
 
-def test_fork_subset_builds_the_draft_head_and_the_series_units(tmp_path):
+def test_fork_subset_builds_the_draft_head_and_the_series_units(tmp_path, monkeypatch):
     root = make_tree(tmp_path / "vllm")
     p = plan(root, "fork")
     assert p.fork_library and p.configure is None and p.build is None and not p.problems
     assert "no CMake configure is needed" in vb.render_plan(p)
+    with monkeypatch.context() as m:
+        m.setattr(vb.fork_build, "find_nvcc", lambda: None)
+        assert "no nvcc for the draft-head library" in plan(root, "fork", toolchain=vb.Toolchain()).problems[0]
     (root / "kimi" / "lines" / "mainline" / "patches" / "0001-x.patch").write_text(
         "Subject: x\n\ndiff --git a/csrc/libtorch_stable/topk.cu b/csrc/libtorch_stable/topk.cu\n--- a/x\n+++ b/x\n")
     fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")

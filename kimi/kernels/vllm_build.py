@@ -455,6 +455,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         if subset == "all" and install:
             inst = [cmake, "--install", str(build_dir), "--prefix", str(root)]
     elif subset == "fork":
+        if not tc.nvcc and fork_build.find_nvcc() is None:
+            problems.append("no nvcc for the draft-head library: install the CUDA toolkit 13 and set CUDA_HOME or NVCC")
         warnings.append(f"the {line or DEFAULT_LINE} series changes no upstream CUDA unit: "
                         "no CMake configure is needed")
 
