@@ -339,7 +339,7 @@ def _cmd_kernels_build_vllm(args: argparse.Namespace, layout: Layout) -> int:
         root, args.subset, build.parse_archs(args.arch), build_dir=args.build_dir, jobs=args.jobs,
         per_job_gb=args.per_job_gb, python=args.python, build_type=args.build_type, install=args.install,
         line=args.line, cmake_args=args.cmake_arg, only=args.only, checkout=layout.root,
-        sources_dir=sources.default_sources_dir(layout.root))
+        sources_dir=sources.default_sources_dir(layout.root), keep_going=args.keep_going)
     if args.json and args.dry_run:
         print(json.dumps(plan.as_dict(), indent=2))
         return 1 if plan.problems else 0
@@ -433,6 +433,7 @@ def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
                    help="build only the subset's units whose path contains TEXT (repeatable)")
     p.add_argument("--install", action="store_true", help="with --subset all: cmake --install into the tree")
     p.add_argument("--configure-only", action="store_true", help="stop after CMake's configure step")
+    p.add_argument("--keep-going", action="store_true", help="build every unit that can be built when one fails")
     p.add_argument("--dry-run", action="store_true", help="print the environment and the full configure/build "
                    "commands; run nothing (exit 1 if something is missing)")
     p.add_argument("--json", action="store_true", help="print the plan (--dry-run) or the build record as JSON")

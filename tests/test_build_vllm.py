@@ -271,6 +271,7 @@ def test_only_keeps_the_named_units(tmp_path):
     p = plan(root, only=["cutlass_mla", "grouped_mm"])
     assert [Path(u["source"]).name for u in p.units] == ["grouped_mm_c3x_sm100.cu", "sm100_cutlass_mla_kernel.cu"]
     assert p.build[6:] == [u["object"] for u in p.units] and not p.problems
+    assert plan(root, only=["cutlass_mla"], keep_going=True).build[-4:] == [p.units[1]["object"], "--", "-k", "0"]
     p = plan(root, only=["nothing_like_this"])
     assert "--only nothing_like_this matches none of the sm100 subset's 6 units" in p.problems[0]
 

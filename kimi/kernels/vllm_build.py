@@ -338,7 +338,7 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
               line: str | None = None, sources_dir: Path | None = None, toolchain: Toolchain | None = None,
               cores: int | None = None, available_gb: float | None = None,
               cmake_args: list[str] | None = None, only: list[str] | None = None,
-              checkout: Path | None = None) -> Plan:
+              checkout: Path | None = None, keep_going: bool = False) -> Plan:
     """The configure/build commands and environment for ``subset`` of the vLLM tree at ``root``.
 
     Args:
@@ -352,6 +352,7 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         install: after ``all``, install the libraries into ``root`` (``cmake --install``).
         checkout: the fork checkout whose ``kimi/lines/<line>/patches`` the fork subset reads
             (default: ``root``).
+        keep_going: build every unit that can be built when one fails (Ninja ``-k 0``).
         only: keep the subset's units whose path contains one of these strings (one heavy unit alone).
         cmake_args: more configure arguments (``-DX=Y``), after ours; default: ``$CMAKE_ARGS`` split
             on spaces, as vLLM's setup.py reads it.
@@ -452,6 +453,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
         build = [cmake, "--build", str(build_dir), "-j", str(jobs)]
         if units:
             build += ["--target", *[u.object for u in units]]
+        if keep_going:
+            build += ["--", "-k", "0"]
         if subset == "all" and install:
             inst = [cmake, "--install", str(build_dir), "--prefix", str(root)]
     elif subset == "fork":
@@ -634,13 +637,15 @@ def run(plan: Plan, *, configure_only: bool = False) -> BuildRecord:
             print(f"build: {plan.jobs} job(s), {len(plan.units) or 'all'} target(s)", flush=True)
             rc = _stream(plan.build or [], env, log, "")
             record.build_seconds = round(time.monotonic() - start, 1)
-            if rc != 0:
-                record.result = f"build failed (exit {rc})"
-                raise KimiError(f"build failed (exit {rc}) after {record.build_seconds} s: see {record.log}")
             record.objects = [u["object"] for u in plan.units if (build_dir / u["object"]).is_file()]
             record.cubins = object_cubins(build_dir, record.objects)
             for obj, cubins in record.cubins.items():
                 print(f"  {Path(obj).name}: {', '.join(cubins) or 'no cubin'}")
+            if rc != 0:
+                record.result = f"build failed (exit {rc})"
+                failed = [Path(u["object"]).name for u in plan.units if u["object"] not in record.objects]
+                raise KimiError(f"build failed (exit {rc}) after {record.build_seconds} s"
+                                + (f"; not built: {', '.join(failed)}" if failed else "") + f": see {record.log}")
             if plan.install:
                 start = time.monotonic()
                 rc = _stream(plan.install, env, log, "  ")
