@@ -475,17 +475,18 @@ def test_prepare_from_local_wheels(tmp_path):
         f"{src}examples/77_blackwell_fmha/kernel/x.hpp": "", f"{src}examples/common/helper.h": "",
         "cutlass_library/__init__.py": "", "cutlass_library/generator.py": "",
         "nvidia_cutlass-4.2.0.0.dist-info/METADATA": "Name: nvidia-cutlass\n"})
-    wheel = _zip(from_dir / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", {
+    vllm_files = {
         "vllm/third_party/fmha_sm100/api.py": "", "vllm/third_party/fmha_sm100/csrc/a.cu": "",
         "vllm/third_party/fmha_sm100/cute/b.py": "", "vllm/third_party/fmha_sm100/cutlass/include/c.h": "",
         "vllm/third_party/fmha_sm100/cutlass/tools/util/include/d.h": "",
         "vllm/third_party/tml_fa4/interface.py": "from vllm.third_party.tml_fa4.utils import f\n",
         "vllm/third_party/triton_kernels/__init__.py": "", "vllm/third_party/triton_kernels/matmul_ogs.py": "",
-        "vllm/_C_stable_libtorch.abi3.so": ""})
+        "vllm/_C_stable_libtorch.abi3.so": ""}
+    wheel = _zip(from_dir / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", vllm_files)
     _pin(root, wheel)
     done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
     assert done["VLLM_CUTLASS_SRC_DIR"].action == "from nvidia-cutlass"
-    assert "CUTLASS 4.2.0 (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
+    assert "CUTLASS 4.2.0 headers (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
     assert done["FLASH_MLA_SRC_DIR"].action == "missing" and "FlashMLA" in done["FLASH_MLA_SRC_DIR"].detail
     sources = root / ".kimi" / "sources"
     assert (sources / "vllm_cutlass" / "python" / "cutlass_library" / "generator.py").is_file()
@@ -506,6 +507,22 @@ def test_prepare_from_local_wheels(tmp_path):
     (tmp_path / "cache" / wheel.name).unlink()
     with pytest.raises(KimiError, match="sha256 mismatch"):
         srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)
+    # a vLLM wheel whose MSA copy has newer CUTLASS headers: they replace include/ and tools/util/include
+    copy = "vllm/third_party/fmha_sm100/cutlass/"
+    wheel = _zip(wheel, {**vllm_files,
+        f"{copy}include/cutlass/version.h":
+            "#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 3\n#define CUTLASS_PATCH 4\n",
+        f"{copy}include/cutlass/cutlass.h": "// 4.3.4", f"{copy}include/cute/tensor.hpp": "",
+        f"{copy}tools/util/include/cutlass/util/packed_stride.hpp": "// 4.3.4"})
+    _pin(root, wheel)
+    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)}
+    assert "CUTLASS 4.3.4 headers (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
+    tree = sources / "vllm_cutlass"
+    assert (tree / "include" / "cutlass" / "cutlass.h").read_text() == "// 4.3.4"
+    assert (tree / "tools" / "util" / "include" / "cutlass" / "util" / "packed_stride.hpp").read_text() == "// 4.3.4"
+    assert (tree / "examples" / "77_blackwell_fmha" / "kernel" / "x.hpp").is_file()  # still nvidia-cutlass's
+    cutlass = {s.variable: s for s in srcs.external_sources(root)}["VLLM_CUTLASS_SRC_DIR"]
+    assert cutlass.present and cutlass.revision == "4.3.4" and cutlass.revision_ok is False
 
 
 def _git(cwd: Path, *args: str) -> str:

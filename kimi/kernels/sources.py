@@ -286,11 +286,21 @@ def cutlass_version(include: Path) -> str | None:
     return ".".join(m.group(1) for m in parts) if all(parts) else None  # type: ignore[union-attr]
 
 
-def cutlass_from_wheel(wheel: Path, dest: Path) -> str:
+VLLM_WHEEL_CUTLASS = "vllm/third_party/fmha_sm100/cutlass/"  # CUTLASS 4.3.4 headers in the 0.26.0 wheel
+
+
+def cutlass_from_wheel(wheel: Path, dest: Path, vllm_wheel: Path | None = None) -> str:
     """Lay a CUTLASS tree at ``dest`` from an ``nvidia-cutlass`` wheel: ``include/``, ``tools/``,
     ``examples/`` (from the wheel's ``cutlass_library/source``) and ``python/cutlass_library``
     (the Python package, where a CUTLASS checkout keeps it); written atomically with a
-    provenance file. Returns the CUTLASS version (``version.h``).
+    provenance file. Returns the CUTLASS version of ``include/`` (``version.h``).
+
+    With ``vllm_wheel`` (the pinned vLLM CUDA wheel) whose MSA copy carries newer CUTLASS headers
+    (``vllm/third_party/fmha_sm100/cutlass/include`` and ``tools/util/include``: 4.3.4 in 0.26.0, nearer
+    the pinned v4.4.2 than the index's 4.2.0), those replace ``include/`` and ``tools/util/include``;
+    ``examples/`` and ``cutlass_library`` stay the nvidia-cutlass wheel's (recorded in the provenance).
+    Measured: vLLM 0.26.0's ``scaled_mm_blockwise_sm100_fp8.cu`` needs
+    ``cutlass::epilogue::BlockwiseNoSmemWarpSpecialized1Sm``, which 4.2.0 lacks and 4.3.4 has.
 
     Raises KimiError when the wheel holds no ``cutlass_library/source/include/cutlass/cutlass.h``.
     """
@@ -311,9 +321,35 @@ def cutlass_from_wheel(wheel: Path, dest: Path) -> str:
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_bytes(zf.read(name))
             version = cutlass_version(staged / "include") or "?"
-            _write_provenance(staged, f"{wheel.name} (sha256 {sha256_file(wheel)})", version,
-                              note="headers, tools, examples and cutlass_library of the wheel; no CMakeLists.txt")
+            origin = f"{wheel.name} (sha256 {sha256_file(wheel)})"
+            note = "headers, tools, examples and cutlass_library of the wheel; no CMakeLists.txt"
+            newer = _newer_vllm_wheel_headers(vllm_wheel, version) if vllm_wheel else None
+            if newer:
+                with zipfile.ZipFile(vllm_wheel) as vz:  # type: ignore[arg-type]
+                    for sub, prefix in (("include", "include/"), ("tools/util/include", "tools/util/include/")):
+                        shutil.rmtree(staged / sub)
+                        _unzip_prefix(vz, VLLM_WHEEL_CUTLASS + prefix, staged / sub)
+                origin = f"{vllm_wheel.name} {VLLM_WHEEL_CUTLASS} + {origin}"  # type: ignore[union-attr]
+                note = (f"include/ and tools/util/include: CUTLASS {newer} from the vLLM wheel; examples/ and "
+                        f"python/cutlass_library: CUTLASS {version} from {wheel.name}; no CMakeLists.txt")
+                version = newer
+            _write_provenance(staged, origin, version, note=note)
     return version
+
+
+def _newer_vllm_wheel_headers(vllm_wheel: Path, than: str) -> str | None:
+    """The version of the vLLM wheel's CUTLASS header copy when it is newer than ``than``, else None."""
+    with zipfile.ZipFile(vllm_wheel) as vz:
+        try:
+            text = vz.read(VLLM_WHEEL_CUTLASS + "include/cutlass/version.h").decode(errors="replace")
+        except KeyError:
+            return None
+    parts = [re.search(rf"#define CUTLASS_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        return None
+    have = tuple(int(m.group(1)) for m in parts)  # type: ignore[union-attr]
+    base = tuple(int(x) for x in re.findall(r"\d+", than)[:3]) if than != "?" else (0,)
+    return ".".join(map(str, have)) if have > base else None
 
 
 def from_vllm_wheel(wheel: Path, variable: str, dest: Path, tag: str) -> int:
@@ -432,8 +468,10 @@ def prepare(root: Path, *, fetch: bool = False, from_dir: Path | None = None, ca
             wheel = (_find_wheel(from_dir, "nvidia_cutlass-*.whl") if from_dir else None) or \
                 (_pip_download("nvidia-cutlass", cache) if fetch else None)
             if wheel:
-                version = cutlass_from_wheel(wheel, dest)
-                got = Prepared(s.variable, "from nvidia-cutlass", f"{wheel.name}: CUTLASS {version} (pinned {s.tag})")
+                vllm_wheel = vllm_wheel or _pinned_cuda_wheel(root, cache, from_dir, fetch, line)
+                version = cutlass_from_wheel(wheel, dest, vllm_wheel)
+                got = Prepared(s.variable, "from nvidia-cutlass", f"{wheel.name}: CUTLASS {version} headers "
+                               f"(pinned {s.tag}); {json.loads((dest / PROVENANCE).read_text())['note']}")
         if got is None and s.variable in FROM_VLLM_WHEEL:
             if vllm_wheel is None:
                 vllm_wheel = _pinned_cuda_wheel(root, cache, from_dir, fetch, line)
