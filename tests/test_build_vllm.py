@@ -26,6 +26,7 @@ from kimi.kernels import sources as srcs
 from kimi.kernels import vllm_build as vb
 
 ROOT = Path(__file__).resolve().parents[1]
+CUDA_HOME = os.environ.get("CUDA_HOME")  # the real configure test uses the caller's toolkit
 FLASHMLA_SHA = "a8f794d1251cbfd88a5011445dd5582289c727e4"
 FA_SHA = "caaa4eb59845388a20b1f435ecaafb4bd9517ad8"
 SRC_VARS = ("VLLM_CUTLASS_SRC_DIR", "FLASH_MLA_SRC_DIR", "VLLM_FLASH_ATTN_SRC_DIR", "TRITON_KERNELS_SRC_DIR",
@@ -351,6 +352,18 @@ def test_tool_problems_name_their_fix(tmp_path, monkeypatch):
     assert "torch 2.11.0+cpu" in text and "is a CPU build" in text
 
 
+def test_toolkit_gaps_are_named(tmp_path):
+    home = tmp_path / "cuda"
+    (home / "include").mkdir(parents=True)
+    gaps = vb.toolkit_gaps(home)
+    assert gaps[:2] == ["include/cublas_v2.h", "libnvrtc.so"]
+    (home / "include" / "cublas_v2.h").write_text("")
+    (home / "lib" / "stubs").mkdir(parents=True)
+    (home / "lib" / "libnvrtc.so.13").write_text("")
+    (home / "lib" / "stubs" / "libcuda.so").write_text("")
+    assert vb.toolkit_gaps(home) == []
+
+
 def test_standins_let_cmake_configure_without_the_sources(tmp_path):
     root = make_tree(tmp_path / "vllm")
     laid = root / "vllm" / "third_party" / "flashmla" / "flash_mla_interface.py"
@@ -578,9 +591,11 @@ def test_unpack_refuses_unsafe_paths(tmp_path):
 
 @pytest.mark.build
 @pytest.mark.skipif(not (ROOT / "CMakeLists.txt").is_file(), reason="the vLLM tree is not laid (`kimi sync`)")
-def test_real_offline_configure_of_the_sm100_group(tmp_path):
+def test_real_offline_configure_of_the_sm100_group(tmp_path, monkeypatch):
     """vLLM's CMake configure with local sources only (prepared CUTLASS, stand-ins for the rest):
     build.ninja then has the 13 sm_100 object targets."""
+    if CUDA_HOME:
+        monkeypatch.setenv("CUDA_HOME", CUDA_HOME)
     p = vb.make_plan(ROOT, "sm100", build_dir=tmp_path / "build")
     if p.problems:
         pytest.skip("cannot configure here: " + "; ".join(p.problems))

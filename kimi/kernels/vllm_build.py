@@ -246,6 +246,24 @@ def cuda_home(nvcc: Path) -> Path | None:
     return None
 
 
+def toolkit_gaps(home: Path) -> list[str]:
+    """What torch's CMake config (``Caffe2/public/cuda.cmake``: CUDA::cublas, CUDA::nvrtc,
+    CUDA::cuda_driver) needs from the CUDA toolkit at ``home`` and does not find there: ``cublas_v2.h``,
+    ``libnvrtc.so``, a ``libcuda.so`` (the toolkit's stub, or a driver's in the system library folders)."""
+    libs = [home / d for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
+    def has(pattern: str, dirs: list[Path]) -> bool:
+        return any(d.is_dir() and any(d.glob(pattern)) for d in dirs)
+    gaps = []
+    if not (home / "include" / "cublas_v2.h").is_file():
+        gaps.append("include/cublas_v2.h")
+    if not has("libnvrtc.so*", libs):
+        gaps.append("libnvrtc.so")
+    system = [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib")]
+    if not has("libcuda.so", [d / "stubs" for d in libs] + libs + system):
+        gaps.append("a libcuda.so (stub)")
+    return gaps
+
+
 def find_toolchain(root: Path, python: str | None = None) -> Toolchain:
     """cmake (the first of the Python environment's, this interpreter's and PATH's that is at least
     the tree's ``cmake_minimum_required``), ninja, nvcc (:func:`kimi.kernels.build.find_nvcc`), the
@@ -274,6 +292,10 @@ def find_toolchain(root: Path, python: str | None = None) -> Toolchain:
         tc.nvcc, tc.cuda_home = str(nvcc), str(home) if home else None
         if not home:
             tc.problems.append(f"no CUDA toolkit folder (include/cuda_runtime_api.h) for {nvcc}: set CUDA_HOME")
+        elif gaps := toolkit_gaps(home):
+            tc.problems.append(f"the CUDA toolkit at {home} lacks {', '.join(gaps)}, which torch's CMake config "
+                               "links: install the full toolkit (cuBLAS, NVRTC, stubs) or point CUDA_HOME at a folder "
+                               "that adds them (the nvidia-cublas / nvidia-cuda-nvrtc wheels' files)")
         release = fork_build.tool_release(nvcc)
         tc.cuda_release = f"{release[0]}.{release[1]}" if release else None
     else:
