@@ -22,7 +22,9 @@ EPILOG = """first steps on a fresh clone:
 the fork's own CUDA kernels (nvcc; sm_90a Hopper, sm_100a Blackwell):
   kimi kernels build [--arch '9.0a;10.0a']    build the EAGLE-3 draft-head kernels
   kimi kernels check [--json]                 the built library and its cubins (cuobjdump)
-  kimi kernels prepare [--fetch]              vLLM's CMake *_SRC_DIR sources: present / missing
+  kimi kernels prepare [--fetch] [--from DIR] vLLM's CMake *_SRC_DIR sources into .kimi/sources; what is missing
+  kimi kernels build-vllm [--subset fork|sm100|all] [--dry-run]
+                                              vLLM's CUDA extensions from source, offline, jobs sized to memory
 
 drafter training (each stage resumable; kimi train STAGE --help):
   kimi train regenerate|capture|vocab|train|export|report --work DIR --target TARGET
@@ -306,21 +308,53 @@ def _cmd_kernels_prepare(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.kernels import build, sources
 
     fetched = {}
-    if args.fetch:
-        if build.find_cuobjdump() is None:
-            fetched["cuobjdump"] = str(sources.fetch_cuobjdump(layout.root, layout.cache))
-        fetched["CUTLASS_INCLUDE_DIR"] = str(sources.fetch_cutlass_headers(layout.root, layout.cache))
+    if args.fetch and build.find_cuobjdump() is None:
+        fetched["cuobjdump"] = str(sources.fetch_cuobjdump(layout.root, layout.cache))
+    done = []
+    if args.fetch or args.from_dir:
+        done = sources.prepare(layout.root, fetch=args.fetch, from_dir=args.from_dir, cache=layout.cache,
+                               force=args.force, line=args.line)
     found = sources.external_sources(layout.root)
     nvcc, cuobjdump = build.find_nvcc(), build.find_cuobjdump()
     if args.json:
         print(json.dumps({"nvcc": str(nvcc) if nvcc else None, "cuobjdump": str(cuobjdump) if cuobjdump else None,
-                          "fetched": fetched, "sources": [s.as_dict() for s in found]}, indent=2))
+                          "fetched": fetched, "prepared": [vars(d) for d in done],
+                          "sources": [s.as_dict() for s in found]}, indent=2))
     else:
         print(f"nvcc: {nvcc or 'MISSING'}\ncuobjdump (CUDA >= 13): {cuobjdump or 'MISSING (--fetch gets one)'}")
         for what, where in fetched.items():
             print(f"fetched {what}: {where}")
+        for d in done:
+            if d.action != "missing":
+                print(f"{d.variable}: {d.action}: {d.detail}")
         print(sources.render(found))
     return 1 if any(not s.present for s in found) else 0
+
+
+def _cmd_kernels_build_vllm(args: argparse.Namespace, layout: Layout) -> int:
+    from kimi.kernels import build, sources, vllm_build
+
+    root = (args.source_dir or layout.root).resolve()
+    plan = vllm_build.make_plan(
+        root, args.subset, build.parse_archs(args.arch), build_dir=args.build_dir, jobs=args.jobs,
+        per_job_gb=args.per_job_gb, python=args.python, build_type=args.build_type, install=args.install,
+        line=args.line, cmake_args=args.cmake_arg, only=args.only, checkout=layout.root,
+        sources_dir=sources.default_sources_dir(layout.root), keep_going=args.keep_going)
+    if args.json and args.dry_run:
+        print(json.dumps(plan.as_dict(), indent=2))
+        return 1 if plan.problems else 0
+    print(vllm_build.render_plan(plan), flush=True)
+    if args.dry_run:
+        return 1 if plan.problems else 0
+    record = vllm_build.run(plan, configure_only=args.configure_only)
+    timing = ", ".join(f"{k} {v} s" for k, v in (("configure", record.configure_seconds),
+                                                 ("build", record.build_seconds),
+                                                 ("install", record.install_seconds)) if v is not None)
+    print(f"kimi kernels build-vllm: {record.result}" + (f" ({timing})" if timing else "") +
+          f"; record in {Path(plan.build_dir) / 'kimi-build.json'}")
+    if args.json:
+        print(json.dumps(record.as_dict(), indent=2))
+    return 0
 
 
 def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
@@ -350,15 +384,60 @@ def _add_kernels_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=_cmd_kernels_check)
     p = cmds.add_parser(
-        "prepare", help="report vLLM's CMake external sources (*_SRC_DIR): present or missing",
+        "prepare", help="vLLM's CMake external sources (*_SRC_DIR): fill .kimi/sources, report what is missing",
         description="Read the laid tree's CMake files for every *_SRC_DIR variable (CUTLASS, FlashMLA, "
-                    "flash-attention, DeepGEMM, QuTLASS, ...) with the repository and tag it would clone, and report "
-                    "which local folders exist ($VAR, else .kimi/sources/<name>). --fetch gets what the package "
-                    "index has: a CUDA 13 cuobjdump (.kimi/tools/bin) and the nvidia-cutlass headers "
-                    "(.kimi/sources/cutlass-headers). Exit status 1 while a source is missing.")
+                    "flash-attention, DeepGEMM, QuTLASS, MSA/fmha_sm100, tml-fa4, triton_kernels) with the repository "
+                    "and revision it would clone, and report which local folders are complete ($VAR, else "
+                    ".kimi/sources/<name>) and at which revision. --from DIR (offline) takes git checkouts "
+                    "(DIR/<repository name>, linked), source archives (DIR/<repository name>-<revision>.tar.gz or "
+                    ".zip) and the wheels below from DIR; --fetch gets what the package index has: CUTLASS from "
+                    "the nvidia-cutlass wheel (4.2.0; vLLM 0.26.0 pins v4.4.2, reported), fmha_sm100, tml-fa4 and "
+                    "triton_kernels from the pinned vLLM CUDA wheel (sha256 checked), a CUDA 13 cuobjdump. Exit "
+                    "status 1 while a source is missing.")
     p.add_argument("--fetch", action="store_true", help="download what the package index has")
+    p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                   help="folder with checkouts, source archives and wheels (no network)")
+    p.add_argument("--force", action="store_true", help="prepare again sources that are already complete")
+    p.add_argument("--line", default=DEFAULT_LINE, help="line whose pinned CUDA wheel to use (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=_cmd_kernels_prepare)
+    p = cmds.add_parser(
+        "build-vllm", help="build vLLM's CUDA extensions from source offline: the fork's, the sm_100 group, or all",
+        description="Configure the laid vLLM tree's CMake project as setup.py does (Ninja, a compile job pool, "
+                    "ccache when present) with TORCH_CUDA_ARCH_LIST from --arch, every *_SRC_DIR set to a local "
+                    "folder (kimi kernels prepare) and FETCHCONTENT_FULLY_DISCONNECTED=ON, then build a subset: "
+                    "'fork' (the fork's draft-head library, plus upstream CUDA units the patch series changes), "
+                    "'sm100' (the 13 sm_100-only units of _C_stable_libtorch: scaled_mm sm100, grouped MoE sm100, "
+                    "NVFP4/MXFP4, CUTLASS MLA sm100, as Ninja object targets) or 'all'. For fork and sm100 a missing "
+                    "source other than CUTLASS gets a configure-only stand-in; 'all' needs every source. Jobs: "
+                    "max(1, min(cores, available memory // --per-job-gb)). Fails before running anything when a "
+                    "source or tool is missing, naming each. Log and record in the build dir.")
+    p.add_argument("--subset", choices=("fork", "sm100", "all"), default="sm100", help="what to build "
+                   "(default: %(default)s)")
+    p.add_argument("--arch", default=arch_default, help="TORCH_CUDA_ARCH_LIST (default: %(default)s)")
+    p.add_argument("-j", "--jobs", type=_positive_int, default=None,
+                   help="compile jobs (default: sized to cores and available memory)")
+    p.add_argument("--per-job-gb", type=float, default=11.0,
+                   help="GiB one compile job may take, for the default jobs (default: %(default)s)")
+    p.add_argument("--build-dir", type=Path, default=None, help="CMake build folder (default: .kimi/build/vllm-SUBSET)")
+    p.add_argument("--source-dir", type=Path, default=None,
+                   help="the laid vLLM tree to build (default: this checkout; sources still from its .kimi/sources)")
+    p.add_argument("--python", default=None, help="interpreter whose torch CMake uses (default: .venv/bin/python)")
+    p.add_argument("--build-type", default="RelWithDebInfo",
+                   help="CMAKE_BUILD_TYPE (default: %(default)s, as setup.py)")
+    p.add_argument("--line", default=DEFAULT_LINE, help="line whose patch series the fork subset reads "
+                   "(default: %(default)s)")
+    p.add_argument("--cmake-arg", action="append", default=None, metavar="-DX=Y",
+                   help="another configure argument (repeatable; default: $CMAKE_ARGS, as setup.py)")
+    p.add_argument("--only", action="append", default=None, metavar="TEXT",
+                   help="build only the subset's units whose path contains TEXT (repeatable)")
+    p.add_argument("--install", action="store_true", help="with --subset all: cmake --install into the tree")
+    p.add_argument("--configure-only", action="store_true", help="stop after CMake's configure step")
+    p.add_argument("--keep-going", action="store_true", help="build every unit that can be built when one fails")
+    p.add_argument("--dry-run", action="store_true", help="print the environment and the full configure/build "
+                   "commands; run nothing (exit 1 if something is missing)")
+    p.add_argument("--json", action="store_true", help="print the plan (--dry-run) or the build record as JSON")
+    p.set_defaults(func=_cmd_kernels_build_vllm)
 
 
 def _cmd_rebase(args: argparse.Namespace, layout: Layout) -> int:

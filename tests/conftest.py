@@ -161,7 +161,8 @@ def _skip_reason(line: str, installed: str | None) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip GPU tests without CUDA; skip install tests of a line whose vLLM is not the one installed.
+    """Skip GPU tests without CUDA, ``build`` tests unless KIMI_TEST_BUILD=1, and install tests of a
+    line whose vLLM is not the one installed.
 
     An ``install`` test belongs to the line named by its ``line(NAME)`` marker, else to the default
     line.  Under `kimi test --line NAME` (KIMI_TEST_INSTALLED=1, KIMI_TEST_LINE=NAME) a missing or
@@ -170,6 +171,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     required = os.environ.get("KIMI_TEST_LINE", DEFAULT_LINE) if os.environ.get("KIMI_TEST_INSTALLED") == "1" \
         else None
     no_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    no_build = pytest.mark.skip(reason="runs vLLM's CMake configure/compile (minutes, GBs of memory): "
+                                       "set KIMI_TEST_BUILD=1")
+    build_ok = os.environ.get("KIMI_TEST_BUILD") == "1"
     installed = installed_line()
     gpu_ok = any("gpu" in item.keywords for item in items) and _cuda_available()
     for item in items:
@@ -179,6 +183,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=_skip_reason(line, installed)))
         if "gpu" in item.keywords and not gpu_ok:
             item.add_marker(no_gpu)
+        if "build" in item.keywords and not build_ok:
+            item.add_marker(no_build)
 
 
 @pytest.fixture

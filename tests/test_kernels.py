@@ -114,7 +114,9 @@ def test_external_sources_report(tmp_path, monkeypatch):
         "if (DEFINED ENV{FLASH_MLA_SRC_DIR})\n  set(FLASH_MLA_SRC_DIR $ENV{FLASH_MLA_SRC_DIR})\nendif()\n"
         "GIT_REPOSITORY https://github.com/vllm-project/FlashMLA\nGIT_TAG a8f794d\n")
     local = tmp_path / "fm"
-    (local / "csrc").mkdir(parents=True)
+    for rel in sources.REQUIRED["FLASH_MLA_SRC_DIR"]:
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_text("")
     monkeypatch.setenv("FLASH_MLA_SRC_DIR", str(local))
     monkeypatch.delenv("VLLM_CUTLASS_SRC_DIR", raising=False)
     found = {s.variable: s for s in sources.external_sources(tmp_path)}
@@ -123,6 +125,10 @@ def test_external_sources_report(tmp_path, monkeypatch):
     assert found["FLASH_MLA_SRC_DIR"].present and found["FLASH_MLA_SRC_DIR"].tag == "a8f794d"
     text = sources.render(list(found.values()))
     assert f"export FLASH_MLA_SRC_DIR={local}" in text and "1 missing" in text
+    (local / "csrc" / "api" / "api.cpp").unlink()
+    found = {s.variable: s for s in sources.external_sources(tmp_path)}
+    assert not found["FLASH_MLA_SRC_DIR"].present and found["FLASH_MLA_SRC_DIR"].missing_files == ["csrc/api/api.cpp"]
+    assert "INCOMPLETE" in sources.render(list(found.values()))
     with pytest.raises(KimiError, match="kimi sync"):
         sources.external_sources(tmp_path / "nothing")
 

@@ -1,36 +1,94 @@
-"""vLLM's CMake external sources for a from-source build, and the tools the package index has.
+"""vLLM's CMake external sources for a from-source build, and what the package index has of them.
 
 Upstream's CMake clones CUTLASS, FlashMLA, flash-attention, DeepGEMM, QuTLASS, ... from the
-network unless each is given as a local folder through its ``*_SRC_DIR`` environment variable.
-:func:`external_sources` reads the laid tree (``CMakeLists.txt``, ``cmake/external_projects``)
-for those variables and the repository and tag each would clone, and says which are present.
-:func:`fetch_cuobjdump` and :func:`fetch_cutlass_headers` get what the package index has
-(``nvidia-cuda-cuobjdump``; ``nvidia-cutlass`` headers, another CUTLASS release than the pinned
-one and without CUTLASS's CMakeLists.txt, so usable as ``CUTLASS_INCLUDE_DIR``, not as
-``VLLM_CUTLASS_SRC_DIR``).
+network unless each is given as a local folder through its ``*_SRC_DIR`` environment variable
+(``CMakeLists.txt``: ``VLLM_CUTLASS_SRC_DIR``; ``cmake/external_projects/*.cmake``: the others).
+:func:`external_sources` reads the laid tree for those variables and the repository and revision
+each would clone, and says which local folders are there, complete (the files upstream's CMake and
+``tools/build_deepgemm_C.py`` read, :data:`REQUIRED`) and at which revision.
+
+:func:`prepare` fills ``.kimi/sources/<name>`` offline or from the package index:
+
+* CUTLASS from the ``nvidia-cutlass`` wheel: it holds CUTLASS's ``include/``, ``tools/util/include``,
+  ``examples/`` and the ``cutlass_library`` Python package (machete's generator imports it from
+  ``${CUTLASS_DIR}/python``), but not CUTLASS's top-level ``CMakeLists.txt``, and the index has only
+  4.2.0 where vLLM 0.26.0 pins v4.4.2 (the mismatch is recorded and reported).
+* fmha_sm100 (MSA), tml-fa4 and triton_kernels from the pinned vLLM CUDA wheel: upstream's CMake
+  only copies their Python files and headers into the wheel (``install()`` rules of
+  ``fmha_sm100.cmake``, ``tml_fa4.cmake``, ``triton_kernels.cmake``), so the installed files are the
+  whole of what the build uses (tml-fa4's import rewrite is undone).
+* anything from ``--from DIR``: git checkouts (``DIR/<repository name>``, revision checked),
+  unpacked trees or archives (``DIR/<repository name>-<revision>.tar.gz`` / ``.zip``, as a forge's
+  archive download names them), and the two wheels above.
+
+FlashMLA, flash-attention, DeepGEMM and QuTLASS compile C++/CUDA sources that no package on the index
+carries; they must come from ``--from DIR`` (with their git submodules: FlashMLA's and
+flash-attention's ``csrc/cutlass``, DeepGEMM's ``third-party/cutlass`` and ``third-party/fmt``).
+
+:func:`fetch_cuobjdump` gets a CUDA 13 ``cuobjdump`` from the ``nvidia-cuda-cuobjdump`` wheel.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kimi.errors import KimiError
 
 _ENV_RE = re.compile(r"\bENV\{([A-Z0-9_]+_SRC_DIR)\}")
 _SET_RE = re.compile(r'set\(\s*([A-Z0-9_]+)\s+"?([^")\s]+)"?\s*\)')
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+PROVENANCE = ".kimi-source.json"  # written by prepare into each folder it fills
+
+# Files and folders each source must hold, relative to its *_SRC_DIR (from vLLM 0.26.0's
+# CMakeLists.txt and cmake/external_projects/*.cmake, tools/build_deepgemm_C.py, and for
+# flash-attention its own CMakeLists.txt; submodules included).
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "VLLM_CUTLASS_SRC_DIR": ("include/cutlass/cutlass.h", "include/cute/tensor.hpp",
+                             "tools/util/include/cutlass/util/packed_stride.hpp",
+                             "python/cutlass_library/__init__.py",    # ${CUTLASS_DIR}/python: machete generate.py
+                             "examples/77_blackwell_fmha", "examples/common"),  # CUTLASS MLA sm100
+    "FLASH_MLA_SRC_DIR": ("flash_mla/flash_mla_interface.py", "csrc/api/api.cpp", "csrc/kerutils/include",
+                          "csrc/cutlass/include/cutlass/cutlass.h"),
+    "VLLM_FLASH_ATTN_SRC_DIR": ("CMakeLists.txt", "csrc/flash_attn/flash_api.cpp", "hopper/flash_api.cpp",
+                                "csrc/cutlass/include/cutlass/cutlass.h", "vllm_flash_attn", "flash_attn/cute"),
+    "DEEPGEMM_SRC_DIR": ("csrc/python_api.cpp", "deep_gemm/__init__.py", "deep_gemm/include",
+                         "third-party/cutlass/include/cutlass/cutlass.h", "third-party/fmt/include"),
+    "QUTLASS_SRC_DIR": ("qutlass/csrc/bindings.cpp", "qutlass/csrc/gemm.cu"),
+    "FMHA_SM100_SRC_DIR": ("python/fmha_sm100/api.py", "python/fmha_sm100/csrc", "python/fmha_sm100/cute",
+                           "python/fmha_sm100/cutlass/include", "python/fmha_sm100/cutlass/tools/util/include"),
+    "TML_FA4_SRC_DIR": ("flash_attn/cute/interface.py",),
+    "TRITON_KERNELS_SRC_DIR": ("__init__.py", "matmul_ogs.py"),  # the triton_kernels package folder itself
+}
+
+# Where inside the upstream repository the *_SRC_DIR folder is (triton_kernels.cmake: the env
+# variable names python/triton_kernels/triton_kernels of the triton repository).
+SUBDIR = {"TRITON_KERNELS_SRC_DIR": "python/triton_kernels/triton_kernels"}
+# Sources that only the pinned vLLM wheel's installed copy provides from the package index.
+FROM_VLLM_WHEEL = {
+    "FMHA_SM100_SRC_DIR": ("vllm/third_party/fmha_sm100/", "python/fmha_sm100/"),
+    "TML_FA4_SRC_DIR": ("vllm/third_party/tml_fa4/", "flash_attn/cute/"),
+    "TRITON_KERNELS_SRC_DIR": ("vllm/third_party/triton_kernels/", ""),
+}
 
 
 @dataclass
 class ExternalSource:
-    """One ``*_SRC_DIR`` variable of upstream's CMake build."""
+    """One ``*_SRC_DIR`` variable of upstream's CMake build and the local folder for it.
+
+    ``present``: the folder holds every file of :data:`REQUIRED`; ``missing_files`` lists the
+    absent ones; ``revision``: what the folder is (git HEAD, or the provenance prepare wrote),
+    ``revision_ok`` whether it is the pinned ``tag`` (None: cannot tell).
+    """
 
     variable: str
     cmake_file: str
@@ -38,26 +96,113 @@ class ExternalSource:
     tag: str
     path: str  # the folder it would use: the variable's value, else .kimi/sources/<name>
     present: bool
+    missing_files: list[str] = field(default_factory=list)
+    revision: str | None = None
+    revision_ok: bool | None = None
+    origin: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The folder name under ``.kimi/sources`` (``VLLM_CUTLASS_SRC_DIR`` -> ``vllm_cutlass``)."""
+        return source_name(self.variable)
+
+    @property
+    def repo_name(self) -> str:
+        """The repository's name (``https://github.com/nvidia/cutlass.git`` -> ``cutlass``)."""
+        return self.repository.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+
+    def how_to_provide(self) -> str:
+        """One line: what to put where for this source."""
+        sub = f" (its {SUBDIR[self.variable]} folder)" if self.variable in SUBDIR else ""
+        index = ""
+        if self.variable == "VLLM_CUTLASS_SRC_DIR":
+            index = "; or `kimi kernels prepare --fetch` (nvidia-cutlass 4.2.0 from the package index)"
+        elif self.variable in FROM_VLLM_WHEEL:
+            index = "; or `kimi kernels prepare --fetch` (the pinned vLLM CUDA wheel's copy)"
+        return (f"a checkout of {self.repository} at {self.tag}{sub}, with its submodules, at {self.path} "
+                f"(or set {self.variable}, or put it in DIR as {self.repo_name}/ or "
+                f"{self.repo_name}-<revision>.tar.gz for `kimi kernels prepare --from DIR`){index}")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "name": self.name}
+
+
+def source_name(variable: str) -> str:
+    """``VLLM_CUTLASS_SRC_DIR`` -> ``vllm_cutlass`` (the folder name under the sources dir)."""
+    return variable.removesuffix("_SRC_DIR").lower()
+
+
+def default_sources_dir(root: Path) -> Path:
+    """``$KIMI_SOURCES_DIR`` or ``ROOT/.kimi/sources`` (git-ignored)."""
+    env = os.environ.get("KIMI_SOURCES_DIR")
+    return Path(env).resolve() if env else root / ".kimi" / "sources"
 
 
 def _resolve(text: str, sets: dict[str, str]) -> str:
     return re.sub(r"\$\{([A-Za-z0-9_]+)\}", lambda m: sets.get(m.group(1), m.group(0)), text)
 
 
+def missing_files(variable: str, path: Path) -> list[str]:
+    """The files of :data:`REQUIRED` that ``path`` lacks (all of them when it is not a folder)."""
+    need = REQUIRED.get(variable, ())
+    if not path.is_dir():
+        return list(need) or ["(the folder)"]
+    return [rel for rel in need if not (path / rel).exists()] if need else ([] if any(path.iterdir()) else
+                                                                              ["(any file)"])
+
+
+def _git_head(path: Path) -> str | None:
+    if not (path / ".git").exists():
+        return None
+    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _git_resolves(path: Path, tag: str) -> str | None:
+    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--verify", "-q", f"{tag}^{{commit}}"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def same_revision(have: str, want: str) -> bool:
+    """Whether revision ``have`` is the pinned ``want``: equal commits (a 7+ digit prefix of a
+    sha counts) or equal versions (``v4.4.2`` = ``4.4.2``)."""
+    a, b = have.strip().lower().removeprefix("v"), want.strip().lower().removeprefix("v")
+    if _SHA_RE.match(b) and re.fullmatch(r"[0-9a-f]{7,40}", a):
+        return b.startswith(a)
+    return a == b
+
+
+def revision_of(path: Path, tag: str) -> tuple[str | None, bool | None, str | None]:
+    """(revision, matches ``tag``, origin) of a source folder: git HEAD for a checkout (checked
+    against ``tag`` resolved in that checkout), else the provenance prepare wrote; (None, None, None)
+    when it cannot tell."""
+    head = _git_head(path)
+    if head:
+        wanted = tag if _SHA_RE.match(tag) else _git_resolves(path, tag)
+        return head, (head == wanted) if wanted else same_revision(head, tag), "git checkout"
+    info = path / PROVENANCE
+    if info.is_file():
+        try:
+            data = json.loads(info.read_text())
+        except ValueError:
+            return None, None, None
+        revision = data.get("revision")
+        return revision, same_revision(revision, tag) if revision else None, data.get("origin")
+    return None, None, None
+
+
 def external_sources(root: Path, sources_dir: Path | None = None) -> list[ExternalSource]:
     """Each ``*_SRC_DIR`` variable the laid tree at ``root`` reads, with the repository and tag
-    it would clone and whether a local folder is there (``$VAR``, else ``sources_dir/<name>``
-    with ``<name>`` the variable without ``_SRC_DIR`` in lower case).
+    it would clone and the local folder for it (``$VAR``, else ``sources_dir/<name>`` with
+    ``<name>`` the variable without ``_SRC_DIR`` in lower case): complete or not, at which revision.
 
     Raises KimiError when ``root`` has no laid vLLM tree (run ``kimi sync``).
     """
     files = [root / "CMakeLists.txt", *sorted((root / "cmake" / "external_projects").glob("*.cmake"))]
     if not files[0].is_file():
         raise KimiError(f"no CMakeLists.txt at {root}: lay the upstream tree first with `python3 -m kimi sync`")
-    sources_dir = sources_dir or root / ".kimi" / "sources"
+    sources_dir = sources_dir or default_sources_dir(root)
     found: dict[str, ExternalSource] = {}
     for path in files:
         text = path.read_text(errors="replace")
@@ -67,28 +212,314 @@ def external_sources(root: Path, sources_dir: Path | None = None) -> list[Extern
         for variable in dict.fromkeys(_ENV_RE.findall(text)):
             if variable in found:
                 continue
-            default = sources_dir / variable.removesuffix("_SRC_DIR").lower()
-            local = Path(os.environ[variable]) if os.environ.get(variable) else default
+            local = Path(os.environ[variable]) if os.environ.get(variable) else sources_dir / source_name(variable)
+            tag = tags[0] if tags else "?"
+            missing = missing_files(variable, local)
+            revision, ok, origin = revision_of(local, tag) if local.is_dir() else (None, None, None)
             found[variable] = ExternalSource(
                 variable=variable, cmake_file=str(path.relative_to(root)), repository=repos[0] if repos else "?",
-                tag=tags[0] if tags else "?", path=str(local), present=local.is_dir() and any(local.iterdir()))
+                tag=tag, path=str(local), present=not missing, missing_files=missing, revision=revision,
+                revision_ok=ok, origin=origin)
     return list(found.values())
 
 
 def render(sources: list[ExternalSource]) -> str:
-    """A table of the external sources and the environment to export for the present ones."""
+    """A table of the external sources, the environment to export for the present ones, and for
+    each missing one what to provide."""
     lines = []
     for s in sources:
-        state = "present" if s.present else "MISSING"
-        lines.append(f"{s.variable:<24} {state:<8} {s.path}\n{'':<33}clones {s.repository} @ {s.tag} ({s.cmake_file})")
+        state = "present" if s.present else ("MISSING" if not Path(s.path).exists() else "INCOMPLETE")
+        lines.append(f"{s.variable:<24} {state:<10} {s.path}")
+        lines.append(f"{'':<35}pinned: {s.repository} @ {s.tag} ({s.cmake_file})")
+        if s.revision:
+            verdict = {True: "the pinned revision", False: "NOT the pinned revision", None: "unchecked"}[s.revision_ok]
+            lines.append(f"{'':<35}have: {s.revision} ({s.origin or 'local'}): {verdict}")
+        if s.present is False and Path(s.path).exists():
+            lines.append(f"{'':<35}lacks: {', '.join(s.missing_files)}")
     present = [s for s in sources if s.present]
     if present:
         lines.append("\nexport " + " ".join(f"{s.variable}={s.path}" for s in present))
     missing = [s for s in sources if not s.present]
     if missing:
-        lines.append(f"\n{len(missing)} missing: copy each repository at its tag to the path shown (or set the "
-                     "variable); none of them is on the package index.")
+        lines.append(f"\n{len(missing)} missing:")
+        lines += [f"  {s.variable}: {s.how_to_provide()}" for s in missing]
+    other = [s for s in sources if s.present and s.revision_ok is False]
+    if other:
+        lines.append("\nnot the pinned revision (a build uses them, and says so): "
+                     + ", ".join(f"{s.variable} ({s.revision} instead of {s.tag})" for s in other))
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Filling the sources folder
+
+def _write_provenance(folder: Path, origin: str, revision: str | None, **extra: object) -> None:
+    from kimi.fork.fsutil import write_json_atomic
+
+    write_json_atomic(folder / PROVENANCE, {"origin": origin, "revision": revision, **extra})
+
+
+def _unzip_prefix(zf: zipfile.ZipFile, prefix: str, dest: Path, rewrite: tuple[str, str] | None = None) -> int:
+    """Extract the members under ``prefix`` to ``dest`` (the prefix stripped); ``rewrite`` replaces
+    a string in ``.py`` files. Returns the number of files."""
+    count = 0
+    for name in zf.namelist():
+        if not name.startswith(prefix) or name.endswith("/") or "/__pycache__/" in name:
+            continue
+        out = dest / name[len(prefix):]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = zf.read(name)
+        if rewrite and name.endswith(".py"):
+            data = data.replace(rewrite[0].encode(), rewrite[1].encode())
+        out.write_bytes(data)
+        count += 1
+    return count
+
+
+def cutlass_version(include: Path) -> str | None:
+    """``"4.2.0"`` from ``include/cutlass/version.h``, or None."""
+    try:
+        text = (include / "cutlass" / "version.h").read_text(errors="replace")
+    except OSError:
+        return None
+    parts = [re.search(rf"#define CUTLASS_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else None  # type: ignore[union-attr]
+
+
+VLLM_WHEEL_CUTLASS = "vllm/third_party/fmha_sm100/cutlass/"  # CUTLASS 4.3.4 headers in the 0.26.0 wheel
+
+
+def cutlass_from_wheel(wheel: Path, dest: Path, vllm_wheel: Path | None = None) -> str:
+    """Lay a CUTLASS tree at ``dest`` from an ``nvidia-cutlass`` wheel: ``include/``, ``tools/``,
+    ``examples/`` (from the wheel's ``cutlass_library/source``) and ``python/cutlass_library``
+    (the Python package, where a CUTLASS checkout keeps it); written atomically with a
+    provenance file. Returns the CUTLASS version of ``include/`` (``version.h``).
+
+    With ``vllm_wheel`` (the pinned vLLM CUDA wheel) whose MSA copy carries newer CUTLASS headers
+    (``vllm/third_party/fmha_sm100/cutlass/include`` and ``tools/util/include``: 4.3.4 in 0.26.0, nearer
+    the pinned v4.4.2 than the index's 4.2.0), those replace ``include/`` and ``tools/util/include``;
+    ``examples/`` and ``cutlass_library`` stay the nvidia-cutlass wheel's (recorded in the provenance).
+    Measured: vLLM 0.26.0's ``scaled_mm_blockwise_sm100_fp8.cu`` needs
+    ``cutlass::epilogue::BlockwiseNoSmemWarpSpecialized1Sm``, which 4.2.0 lacks and 4.3.4 has.
+
+    Raises KimiError when the wheel holds no ``cutlass_library/source/include/cutlass/cutlass.h``.
+    """
+    from kimi.fork.fsutil import sha256_file, staged_folder
+
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        heads = [n for n in names if n.endswith("source/include/cutlass/cutlass.h")]
+        if not heads:
+            raise KimiError(f"{wheel.name} holds no .../source/include/cutlass/cutlass.h: not an nvidia-cutlass wheel")
+        source = heads[0].removesuffix("include/cutlass/cutlass.h")      # cutlass_library/source/
+        package = source.removesuffix("source/")                           # cutlass_library/
+        with staged_folder(dest) as staged:
+            _unzip_prefix(zf, source, staged)
+            for name in names:  # the Python package without its copy of the sources
+                if name.startswith(package) and not name.startswith(source) and not name.endswith("/"):
+                    out = staged / "python" / name
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(zf.read(name))
+            version = cutlass_version(staged / "include") or "?"
+            origin = f"{wheel.name} (sha256 {sha256_file(wheel)})"
+            note = "headers, tools, examples and cutlass_library of the wheel; no CMakeLists.txt"
+            newer = _newer_vllm_wheel_headers(vllm_wheel, version) if vllm_wheel else None
+            if newer:
+                with zipfile.ZipFile(vllm_wheel) as vz:  # type: ignore[arg-type]
+                    for sub, prefix in (("include", "include/"), ("tools/util/include", "tools/util/include/")):
+                        shutil.rmtree(staged / sub)
+                        _unzip_prefix(vz, VLLM_WHEEL_CUTLASS + prefix, staged / sub)
+                origin = f"{vllm_wheel.name} {VLLM_WHEEL_CUTLASS} + {origin}"  # type: ignore[union-attr]
+                note = (f"include/ and tools/util/include: CUTLASS {newer} from the vLLM wheel; examples/ and "
+                        f"python/cutlass_library: CUTLASS {version} from {wheel.name}; no CMakeLists.txt")
+                version = newer
+            _write_provenance(staged, origin, version, note=note)
+    return version
+
+
+def _newer_vllm_wheel_headers(vllm_wheel: Path, than: str) -> str | None:
+    """The version of the vLLM wheel's CUTLASS header copy when it is newer than ``than``, else None."""
+    with zipfile.ZipFile(vllm_wheel) as vz:
+        try:
+            text = vz.read(VLLM_WHEEL_CUTLASS + "include/cutlass/version.h").decode(errors="replace")
+        except KeyError:
+            return None
+    parts = [re.search(rf"#define CUTLASS_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        return None
+    have = tuple(int(m.group(1)) for m in parts)  # type: ignore[union-attr]
+    base = tuple(int(x) for x in re.findall(r"\d+", than)[:3]) if than != "?" else (0,)
+    return ".".join(map(str, have)) if have > base else None
+
+
+def from_vllm_wheel(wheel: Path, variable: str, dest: Path, tag: str) -> int:
+    """Lay the source folder of ``variable`` (one of :data:`FROM_VLLM_WHEEL`) at ``dest`` from the
+    pinned vLLM CUDA wheel's installed copy (``vllm/third_party/...``); tml-fa4's import rewrite
+    (``flash_attn.cute`` -> ``vllm.third_party.tml_fa4``, tml_fa4.cmake) is undone. The revision
+    recorded is ``tag``, the one the release's CMake pinned when it built the wheel. Returns the
+    number of files.
+
+    Raises KimiError when the wheel holds none of those files.
+    """
+    from kimi.fork.fsutil import sha256_file, staged_folder
+
+    prefix, sub = FROM_VLLM_WHEEL[variable]
+    rewrite = ("vllm.third_party.tml_fa4", "flash_attn.cute") if variable == "TML_FA4_SRC_DIR" else None
+    with zipfile.ZipFile(wheel) as zf, staged_folder(dest) as staged:
+        count = _unzip_prefix(zf, prefix, staged / sub if sub else staged, rewrite)
+        if not count:
+            raise KimiError(f"{wheel.name} holds no {prefix}: not a vLLM CUDA wheel of this release")
+        _write_provenance(staged, f"{wheel.name} (sha256 {sha256_file(wheel)}), its {prefix}", tag,
+                          note="the files upstream's CMake installs from this source, as the release wheel has them")
+    return count
+
+
+def _archive_top(names: list[str]) -> str:
+    tops = {n.split("/", 1)[0] for n in names if n.strip("/")}
+    return tops.pop() + "/" if len(tops) == 1 else ""
+
+
+def unpack_archive(archive: Path, dest: Path, subdir: str = "") -> str:
+    """Unpack a ``.tar.gz`` / ``.tgz`` / ``.tar`` / ``.zip`` source archive (one top folder, as a
+    forge's archive download has) to ``dest``, keeping only ``subdir`` of it; returns the top folder's
+    name (``flash-attention-caaa4eb...``), whose suffix names the revision.
+
+    Raises KimiError for another kind of file or an unsafe member path.
+    """
+    from kimi.fork.fsutil import staged_folder
+
+    with staged_folder(dest) as staged:
+        scratch = Path(tempfile.mkdtemp(dir=staged.parent, prefix=f".{dest.name}.unpack."))
+        try:
+            if archive.name.endswith(".zip"):
+                with zipfile.ZipFile(archive) as zf:
+                    top = _archive_top(zf.namelist())
+                    for name in zf.namelist():
+                        if name.startswith("/") or ".." in Path(name).parts:
+                            raise KimiError(f"{archive}: unsafe member path {name!r}")
+                    zf.extractall(scratch)
+            elif re.search(r"\.(tar\.gz|tgz|tar|tar\.xz|tar\.bz2)$", archive.name):
+                with tarfile.open(archive) as tf:
+                    top = _archive_top(tf.getnames())
+                    for member in tf.getmembers():
+                        if member.name.startswith("/") or ".." in Path(member.name).parts:
+                            raise KimiError(f"{archive}: unsafe member path {member.name!r}")
+                    try:
+                        tf.extractall(scratch, filter="data")
+                    except TypeError:  # a Python without extraction filters; the paths are checked above
+                        tf.extractall(scratch)
+                    except tarfile.TarError as exc:
+                        raise KimiError(f"{archive}: {exc}") from None
+            else:
+                raise KimiError(f"{archive}: not a .tar.gz, .tgz, .tar or .zip archive")
+            inner = scratch / top / subdir if subdir else scratch / top
+            if not inner.is_dir():
+                raise KimiError(f"{archive}: no {subdir or 'top folder'} inside")
+            for child in inner.iterdir():
+                os.replace(child, staged / child.name)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return top.rstrip("/")
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` did for one source."""
+
+    variable: str
+    action: str   # "kept", "linked", "unpacked", "from nvidia-cutlass", "from the vLLM wheel", "missing"
+    detail: str
+
+
+def _find_wheel(where: Path, pattern: str) -> Path | None:
+    wheels = sorted(where.glob(pattern)) if where.is_dir() else []
+    return wheels[-1] if wheels else None
+
+
+def prepare(root: Path, *, fetch: bool = False, from_dir: Path | None = None, cache: Path | None = None,
+            sources_dir: Path | None = None, force: bool = False, line: str | None = None) -> list[Prepared]:
+    """Fill the sources folder (``.kimi/sources``) for each ``*_SRC_DIR`` source that is not
+    there yet (all with ``force``), offline from ``from_dir`` and, with ``fetch``, from the package
+    index; sources set through their environment variable are left alone.
+
+    Order per source: ``from_dir/<repository name>`` (a checkout or tree, linked, with
+    ``SUBDIR``), ``from_dir/<repository name>-<revision>.{tar.gz,tgz,zip}`` (unpacked), then for
+    CUTLASS an ``nvidia_cutlass-*.whl`` in ``from_dir`` or, with ``fetch``, downloaded; for fmha_sm100,
+    tml-fa4 and triton_kernels the pinned vLLM CUDA wheel (``from_dir``, the cache, or with ``fetch``
+    the index; sha256 checked against the line's pin).
+
+    Returns one :class:`Prepared` per source. Raises KimiError on a corrupt archive or wheel.
+    """
+    sources_dir = sources_dir or default_sources_dir(root)
+    cache = cache or root / ".kimi" / "cache"
+    sources_dir.mkdir(parents=True, exist_ok=True)
+    done: list[Prepared] = []
+    vllm_wheel: Path | None = None
+    for s in external_sources(root, sources_dir):
+        dest = sources_dir / s.name
+        if os.environ.get(s.variable):
+            done.append(Prepared(s.variable, "kept", f"${s.variable}={os.environ[s.variable]}"))
+            continue
+        if s.present and not force:
+            done.append(Prepared(s.variable, "kept", str(dest)))
+            continue
+        got = _from_local(s, dest, from_dir) if from_dir else None
+        if got is None and s.variable == "VLLM_CUTLASS_SRC_DIR":
+            wheel = (_find_wheel(from_dir, "nvidia_cutlass-*.whl") if from_dir else None) or \
+                (_pip_download("nvidia-cutlass", cache) if fetch else None)
+            if wheel:
+                vllm_wheel = vllm_wheel or _pinned_cuda_wheel(root, cache, from_dir, fetch, line)
+                version = cutlass_from_wheel(wheel, dest, vllm_wheel)
+                got = Prepared(s.variable, "from nvidia-cutlass", f"{wheel.name}: CUTLASS {version} headers "
+                               f"(pinned {s.tag}); {json.loads((dest / PROVENANCE).read_text())['note']}")
+        if got is None and s.variable in FROM_VLLM_WHEEL:
+            if vllm_wheel is None:
+                vllm_wheel = _pinned_cuda_wheel(root, cache, from_dir, fetch, line)
+            if vllm_wheel:
+                count = from_vllm_wheel(vllm_wheel, s.variable, dest, s.tag)
+                got = Prepared(s.variable, "from the vLLM wheel", f"{count} files of {vllm_wheel.name}")
+        done.append(got or Prepared(s.variable, "missing", s.how_to_provide()))
+    return done
+
+
+def _from_local(s: ExternalSource, dest: Path, from_dir: Path) -> Prepared | None:
+    """A checkout/tree or an archive of ``s`` in ``from_dir``, put at ``dest``; None if neither."""
+    sub = SUBDIR.get(s.variable, "")
+    tree = from_dir / s.repo_name
+    if tree.is_dir():
+        target = (tree / sub).resolve() if sub else tree.resolve()
+        if dest.is_symlink() or dest.is_file():
+            dest.unlink()
+        elif dest.exists():
+            shutil.rmtree(dest)
+        dest.symlink_to(target, target_is_directory=True)
+        return Prepared(s.variable, "linked", f"{dest} -> {target}")
+    for archive in sorted(from_dir.glob(f"{s.repo_name}-*")):
+        if archive.is_file() and re.search(r"\.(tar\.gz|tgz|tar|zip)$", archive.name):
+            top = unpack_archive(archive, dest, sub)
+            revision = top[len(s.repo_name) + 1:] if top.startswith(s.repo_name + "-") else None
+            _write_provenance(dest, f"{archive.name}", revision)
+            return Prepared(s.variable, "unpacked", f"{archive.name} -> {dest}")
+    return None
+
+
+def _pinned_cuda_wheel(root: Path, cache: Path, from_dir: Path | None, fetch: bool, line: str | None) -> Path | None:
+    """The pinned vLLM CUDA wheel (sha256 checked): cache, ``from_dir``, or with ``fetch`` the index;
+    None when it is in neither and ``fetch`` is off."""
+    from kimi.fork.artifacts import obtain
+    from kimi.fork.layout import DEFAULT_LINE
+    from kimi.fork.pin import load_pin
+
+    pin_path = root / "kimi" / "lines" / (line or DEFAULT_LINE) / "pin.json"
+    if not pin_path.is_file() and not fetch:
+        return None
+    pin = load_pin(pin_path)
+    artifact = pin.artifact("cuda_wheel")
+    if (cache / artifact.file).is_file() or fetch:
+        return obtain(artifact, cache)
+    if from_dir and (from_dir / artifact.file).is_file():
+        return obtain(artifact, cache, from_dir)
+    return None
 
 
 def _pip_download(requirement: str, dest: Path) -> Path:
@@ -125,30 +556,3 @@ def fetch_cuobjdump(root: Path, cache: Path) -> Path:
         tmp.chmod(0o755)
         tmp.replace(dest)
     return dest
-
-
-def fetch_cutlass_headers(root: Path, cache: Path) -> Path:
-    """Unpack the ``nvidia-cutlass`` wheel's ``include`` folder (the one holding
-    ``cutlass/cutlass.h`` and ``cute/``) to ``root/.kimi/sources/cutlass-headers/include``."""
-    wheel = _pip_download("nvidia-cutlass", cache)
-    dest = root / ".kimi" / "sources" / "cutlass-headers"
-    with zipfile.ZipFile(wheel) as zf:
-        heads = [n for n in zf.namelist() if n.endswith("include/cutlass/cutlass.h")]
-        if not heads:
-            raise KimiError(f"{wheel.name} holds no include/cutlass/cutlass.h")
-        prefix = heads[0].removesuffix("cutlass/cutlass.h")
-        staged = Path(tempfile.mkdtemp(dir=root / ".kimi", prefix=".cutlass-"))
-        try:
-            for name in zf.namelist():
-                if name.startswith(prefix) and not name.endswith("/"):
-                    out = staged / "include" / name[len(prefix):]
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_bytes(zf.read(name))
-            (staged / "WHEEL").write_text(wheel.name + "\n")
-            if dest.exists():
-                shutil.rmtree(dest)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            staged.rename(dest)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
-    return dest / "include"
