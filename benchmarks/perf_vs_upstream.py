@@ -66,7 +66,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # after PYTHONPATH: the variant's site decides which `vllm` is imported
+from kimi.fork.fsutil import write_atomic  # noqa: E402
 from kimi.models.kimi_slice import FULL_LAYERS, SPEC_LAYERS  # noqa: E402
+from kimi.train.charts import pyplot, save_png  # noqa: E402
 
 CONCURRENCY = (1, 4, 16, 64)
 PAIR_KS = (1, 2, 3, 5)
@@ -266,9 +268,7 @@ def worker_main(job_path: Path, result_path: Path) -> int:
     except Exception:
         result = {"status": "error", "error": traceback.format_exc()[-4000:]}
         print(result["error"], flush=True)
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(result_path)
+    write_atomic(result_path, json.dumps(result))
     return 0 if result["status"] == "done" else 1
 
 
@@ -485,10 +485,7 @@ def goal(rows: list[dict]) -> dict:
 
 
 def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".perf_vs_upstream.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(out / "perf_vs_upstream.json")
+    write_atomic(out / "perf_vs_upstream.json", json.dumps(summary, indent=2) + "\n")
     settings, versions = summary["settings"], summary["versions"]
     lines = ["# Fork versus upstream vLLM on one GPU (issue G)", "",
              f"- command: `{summary['command']}`", f"- date: {summary['date']}", f"- hardware: {summary['device']}",
@@ -524,9 +521,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     failed = {n: r.get("status") for n, r in summary["runs"].items() if r.get("status") != "done"}
     if failed:
         lines += ["", f"Engines that did not finish: {failed}"]
-    tmp = out / ".perf_vs_upstream.md.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(out / "perf_vs_upstream.md")
+    write_atomic(out / "perf_vs_upstream.md", "\n".join(lines) + "\n")
     if chart:
         draw_chart(summary, out / "perf_vs_upstream.png")
 
@@ -534,12 +529,8 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
 def draw_chart(summary: dict, path: Path) -> bool:
     """Output tokens/s against concurrency for fork, upstream, no speculation and the ideal bound
     (``ideal_speedup x`` no-spec tokens/s), one panel per model at k = 3. False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         log("matplotlib is not importable here: no PNG (redraw with --chart-only where it is)")
         return False
     models = sorted({r["model"] for r in summary["rows"]})
@@ -569,10 +560,7 @@ def draw_chart(summary: dict, path: Path) -> bool:
         ax.legend(fontsize=8)
     fig.suptitle(f"{summary['device']} - {summary['date'][:10]}")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path, dpi=110)
     return True
 
 
@@ -688,10 +676,10 @@ def main(argv: list[str] | None = None) -> int:
         # the held-out files give about 50 prompts: larger batches repeat them (prefix caching is off)
         pair_prompts = code_prompts(args.pair / "target" / "tokenizer.json", min(max(args.concurrency), 48), 256)
     if "kimi_slice" in args.models:
-        from kimi.models.kimi_slice import TINY, SliceDims, write_slice
+        from kimi.models.kimi_slice import KIMI, TINY, write_slice
 
         slice_dirs = write_slice(args.scratch / "kimi-slice", layers=(SPEC_LAYERS - 1, SPEC_LAYERS),
-                                 dims=TINY if args.cpu_smoke else SliceDims())
+                                 dims=TINY if args.cpu_smoke else KIMI)
     jobs = plan(args, pair_prompts, slice_dirs)
     log(f"{len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}")
     runs: dict[str, dict] = {}

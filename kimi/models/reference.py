@@ -165,7 +165,8 @@ def draft_vocabulary(token_counts: np.ndarray, draft_vocab: int) -> tuple[np.nda
     return chosen - np.arange(draft_vocab, dtype=np.int64), t2d
 
 
-def _drafter_common(spec: ReferenceSpec, ids: tuple[int, ...]) -> dict:
+def drafter_common(spec: ReferenceSpec, ids: tuple[int, ...]) -> dict:
+    """``config.json`` fields every EAGLE-3 drafter of ``spec`` shares: sizes, vocabularies, aux ids ``ids``."""
     return {"num_hidden_layers": 1, "vocab_size": spec.vocab, "draft_vocab_size": spec.draft_vocab,
             "target_hidden_size": spec.hidden, "hidden_size": spec.hidden,
             "max_position_embeddings": spec.max_positions,
@@ -186,7 +187,7 @@ def _drafter_head(w: _Weights, spec: ReferenceSpec, d2t: np.ndarray, t2d: np.nda
 def llama_drafter(spec: ReferenceSpec, ids: tuple[int, ...], d2t: np.ndarray, t2d: np.ndarray) -> tuple[dict, dict]:
     """(config, tensors) of the Llama-style EAGLE-3 drafter (attention over [embedding, hidden])."""
     head_dim = spec.hidden // spec.heads
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **_drafter_common(spec, ids),
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **drafter_common(spec, ids),
               "num_attention_heads": spec.heads, "num_key_value_heads": spec.heads, "head_dim": head_dim,
               "intermediate_size": spec.intermediate}
     w = _Weights(spec.seed + 1)
@@ -205,7 +206,7 @@ def mla_drafter(spec: ReferenceSpec, ids: tuple[int, ...], d2t: np.ndarray, t2d:
     # model_type kimi_k2, as Kimi's MLA drafters ship: vLLM turns a deepseek_v3 draft config into its MTP
     # model (SpeculativeConfig.hf_config_override), and treats kimi_k2 as MLA with patch 0005.
     config = {"architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
-              **_drafter_common(spec, ids), "num_attention_heads": spec.heads, "num_key_value_heads": spec.heads,
+              **drafter_common(spec, ids), "num_attention_heads": spec.heads, "num_key_value_heads": spec.heads,
               "q_lora_rank": spec.q_lora_rank, "kv_lora_rank": spec.kv_lora_rank,
               "qk_rope_head_dim": spec.qk_rope_head_dim, "qk_nope_head_dim": spec.qk_nope_head_dim,
               "v_head_dim": spec.v_head_dim, "intermediate_size": spec.intermediate,
