@@ -8,16 +8,21 @@ and puts the fork on the installed one)::
 
 For each model, engines run one at a time, each in its own process with its own ``PYTHONPATH``:
 
-* ``nospec``: the target alone (the fork's vLLM; no patch changes the target's GPU path);
-* ``upstream_k{k}``: upstream 0.26.0 with the EAGLE-3 drafter, k draft tokens;
-* ``fork_k{k}``: the fork with the same drafter and k (``KIMI_DRAFT_GREEDY=auto``: greedy drafts from the draft
-  vocabulary, patch 0009, with the fork's draft-head kernel where ``KIMI_DRAFT_HEAD_LIB`` is set);
-* ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork on vLLM's V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``),
-  whose drafting loop (forward, logits, sampling) runs as a whole CUDA graph; 0.26.0 picks the V1 runner for
-  ``DeepseekV3ForCausalLM`` (``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``vllm/config/vllm.py``), where
-  drafter steps are PIECEWISE-only (vLLM RFC 45258). No step times there (its loop is one graph);
-* ``check_k3``: the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of patch 0009
-  against upstream's, counted on the device).
+* ``nospec``: the target alone (the fork's vLLM; no patch changes the target's GPU path without a drafter);
+* ``upstream_k{k}``: upstream 0.26.0 with the EAGLE-3 drafter, k draft tokens, as it runs by default: the V1
+  model runner (0.26.0 defaults to V2 for ``DeepseekV2ForCausalLM`` but not ``DeepseekV3ForCausalLM``,
+  ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``vllm/config/vllm.py``), whose drafter steps are PIECEWISE
+  CUDA graphs (vLLM RFC 45258);
+* ``fork_k{k}``: the fork with the same drafter and k, as it runs by default: patch 0012 puts a DeepSeek-V3
+  target with an EAGLE-3 drafter on vLLM's V2 model runner, whose drafting loop (forward, logits, sampling)
+  is captured in CUDA graphs. No step times there (the loop is one graph);
+* ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on V1 (``VLLM_USE_V2_MODEL_RUNNER=0``) with
+  ``KIMI_DRAFT_GREEDY=auto`` (greedy drafts from the draft vocabulary, patch 0009, with the fork's draft-head
+  kernel where ``KIMI_DRAFT_HEAD_LIB`` is set): what the fork gains without patch 0012;
+* ``upstream_v2_k{k}`` (k in ``--v2-ks``): upstream with ``VLLM_USE_V2_MODEL_RUNNER=1``, the opt-in a user of
+  upstream has: how much of the fork's gain is upstream's V2 runner itself;
+* ``check_k3``: the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
+  patch 0009 against upstream's, counted on the device).
 
 Models: ``pair``, the trained reference pair (``kimi models train-pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
 a Kimi-K2-dimension slice with random weights (``kimi.models.kimi_slice``; k = 3) plus a shallower slice
@@ -33,9 +38,17 @@ output tokens each, EOS ignored), so the batch holds ``c`` sequences from start 
 * step times from a separate timed pass (each call below between two device synchronizations, so they hold
   the GPU time plus launch overhead and exclude the scheduler): ``t_target_ms`` the target's forward + logits
   on the decode batch of the ``nospec`` engine; ``t_verify_ms`` the same on the verification batch
-  (``c (k + 1)`` tokens) of the spec engine; ``t_draft_ms`` the drafter's forward passes plus its draft heads
-  per draft token. ``ideal_speedup = tau * t_target / (t_verify + k * t_draft)`` (EAGLE-3's bound with no
-  overhead outside the forward passes).
+  (``c (k + 1)`` tokens) of a V1 spec engine (``fork_v1_k{k}`` where measured, else ``upstream_k{k}``; the
+  V2 runner's drafting loop is one graph, not timed per call); ``t_draft_ms`` the drafter's forward passes
+  plus its draft heads per draft token, same engine. ``ideal_speedup = tau * t_target / (t_verify + k *
+  t_draft)`` with the fork's tau (EAGLE-3's bound with no overhead outside the forward passes).
+
+Engine starts (torch.compile and CUDA-graph capture, a minute or more each, mostly CPU) can overlap:
+``--parallel-start`` starts all of the pair's engines at once (each with a fixed 2 GiB KV cache and
+``gpu_memory_utilization`` 0.05, so they fit side by side), waits until all are ready, then lets them measure
+one at a time while the others wait idle. The Kimi slice's engines (about 107 GB each) always start one at a
+time. On a host with two GPUs, run one model per GPU (``CUDA_VISIBLE_DEVICES``) in two processes and join the
+results with ``--combine``.
 
 Kimi slice projection to the 61-layer model at TP 8: the per-MoE-layer time ``t_moe`` is the difference of the
 decode step times of the 4- and 3-layer slices (1 dense + 3 or 2 MoE layers); the 61-layer step is
@@ -47,7 +60,8 @@ ideal speed-up is 1.
 Writes ``perf_vs_upstream.json``, ``perf_vs_upstream.md`` and ``perf_vs_upstream.png`` (with matplotlib) under
 ``--out``; the JSON is rewritten after every engine, so a call stopped by its time limit keeps what finished.
 ``--chart-only FILE`` redraws the PNG and markdown from a JSON. ``--cpu-smoke`` runs the same logic on CPU
-(tiny slice, float32, eager, both variants on the fork) and writes under ``--out`` only.
+(tiny slice, float32, eager, both variants on the fork) and writes under ``--out`` only; ``--no-chart``
+leaves out the PNG (a device call returns few files: draw it from the combined JSON).
 """
 
 from __future__ import annotations
@@ -221,11 +235,14 @@ def run_engine(job: dict) -> dict:
 
     t0 = time.monotonic()
     llm = LLM(model=job["target"], speculative_config=job["spec"], disable_log_stats=False, **job["engine"])
+    v2 = bool(getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False))
     result = {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__, "start_s": round(time.monotonic() - t0, 1),
               "engine": _engine_info(llm), "device": _device(), "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"),
-              "by_concurrency": {}}
+              "runner": "v2" if v2 else "v1", "by_concurrency": {}}
     prompts, tokens = job["prompts"], job["tokens"]
     try:
+        if job.get("turn"):
+            await_turn(Path(job["turn"]), result["start_s"], job["turn_timeout_s"])
         for c in job["concurrency"]:
             batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
             params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
@@ -261,6 +278,21 @@ def run_engine(job: dict) -> dict:
     return result
 
 
+def await_turn(turn: Path, start_s: float, timeout_s: float) -> None:
+    """Parallel start: say the engine is ready (``turn.ready``, holding the start time in s), then wait idle
+    until the orchestrator writes ``turn.go``.
+
+    Raises:
+        TimeoutError: no turn within ``timeout_s`` seconds.
+    """
+    write_atomic(turn.with_suffix(".ready"), json.dumps({"start_s": start_s}))
+    go, waited = turn.with_suffix(".go"), time.monotonic()
+    while not go.exists():
+        if time.monotonic() - waited > timeout_s:
+            raise TimeoutError(f"no turn to measure within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def worker_main(job_path: Path, result_path: Path) -> int:
     job = json.loads(job_path.read_text())
     try:
@@ -276,9 +308,9 @@ def worker_main(job_path: Path, result_path: Path) -> int:
 
 def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
          slice_dirs: dict[str, str] | None) -> list[dict]:
-    """The engines to run, in order. Per model: the baseline, then by k (3 first) upstream and fork (and the fork
-    on vLLM's V2 model runner where k is in ``--v2-ks``), the check engine after k = 3; for the slice the
-    shallower baseline of the projection comes right after the first fork engine."""
+    """The engines to run, in order. Per model: the baseline, then by k (3 first) upstream and fork (the fork on
+    V1 where k is in ``--v1-ks``, upstream on V2 where k is in ``--v2-ks``), the check engine after k = 3; for
+    the slice the shallower baseline of the projection comes right after the first fork engine."""
     base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps}
     if not args.cpu_smoke:
         # CUDA graphs for exactly the batch sizes measured (decode c, verification c (k + 1)), the same for every
@@ -287,8 +319,11 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
         args.engine = {**args.engine, "compilation_config": {"cudagraph_capture_sizes": sizes}}
     jobs: list[dict] = []
     if pair_prompts is not None:
+        # a fixed KV cache skips vLLM's memory profiling; the low utilization is only the start-up check of free
+        # memory, so that engines started side by side (--parallel-start) pass it
+        small = {} if args.cpu_smoke else {"gpu_memory_utilization": 0.05}
         common = {**base, "model": "pair", "prompts": pair_prompts, "target": str(args.pair / "target"),
-                  "engine": {**args.engine, "kv_cache_memory_bytes": 2 << 30}}
+                  "engine": {**args.engine, "kv_cache_memory_bytes": 2 << 30, **small}}
         jobs += model_jobs(args, common, str(args.pair / "drafter"), args.ks)
     if slice_dirs is not None:
         vocab = json.loads(Path(slice_dirs["drafter"], "config.json").read_text())["draft_vocab_size"]
@@ -309,69 +344,148 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
 
 
 def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
-    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v2_k{k}``), and
-    ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency: does patch 0009 give
-    upstream's draft ids on this device?) after k = 3."""
+    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v1_k{k}``,
+    ``upstream_v2_k{k}``), and ``check_k3`` (the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest
+    concurrency: does patch 0009 give upstream's draft ids on this device?) after k = 3."""
     model = common["model"]
     jobs = [{**common, "name": f"{model}/nospec", "variant": "nospec", "k": 0, "spec": None}]
-    v2 = [] if args.cpu_smoke else args.v2_ks  # the V2 runner is CUDA-only
+    v2 = [] if args.cpu_smoke else args.v2_ks  # the V2 runner needs triton (CUDA)
     for k in sorted(ks, key=lambda k: (k != 3, k)):
         spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-        for variant in ("upstream", "fork", *(("fork_v2",) if k in v2 else ())):
+        variants = ("upstream", "fork", *(("fork_v1",) if k in args.v1_ks else ()),
+                    *(("upstream_v2",) if k in v2 else ()))
+        for variant in variants:
             jobs.append({**common, "name": f"{model}/{variant}_k{k}", "variant": variant, "k": k, "spec": spec})
         if k == 3 and args.check:
-            jobs.append({**common, "name": f"{model}/check_k3", "variant": "fork", "greedy": "check", "k": 3,
+            jobs.append({**common, "name": f"{model}/check_k3", "variant": "fork_v1", "greedy": "check", "k": 3,
                          "spec": spec, "concurrency": [max(common["concurrency"])]})
     return jobs
 
 
-def variant_env(args: argparse.Namespace, variant: str, scratch: Path, greedy: str | None = None) -> dict:
+#: ``VLLM_USE_V2_MODEL_RUNNER`` per variant; the others take their vLLM's default runner.
+RUNNER_ENV = {"fork_v1": "0", "upstream_v2": "1"}
+
+
+def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str | None = None) -> dict:
+    """The worker's environment for ``job``: its vLLM first on ``PYTHONPATH``, its runner and greedy-draft mode,
+    and a compile cache (``cache``: a folder name under ``scratch``; default one per vLLM, upstream / fork)."""
     env = dict(os.environ)
+    upstream = job["variant"].startswith("upstream")
     # upstream's pristine `vllm` shadows the fork's; its dependencies come from the installed site
-    sites = (args.upstream_site, args.fork_site) if variant == "upstream" else (args.fork_site,)
+    sites = (args.upstream_site, args.fork_site) if upstream else (args.fork_site,)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(str(p) for p in (*sites, ROOT)))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    # one compile cache per vLLM (a cold torch.compile of the pair costs ~60 s of a ~90 s engine start on the H200)
-    env["VLLM_CACHE_ROOT"] = str(scratch / ("vllm-cache-upstream" if variant == "upstream" else "vllm-cache-fork"))
-    env["KIMI_DRAFT_GREEDY"] = "upstream" if variant == "upstream" else (greedy or args.fork_greedy)
-    if variant == "fork_v2":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # its own drafting loop (captured whole), not patch 0009's hook
+    # a cold torch.compile of the pair costs ~60 s of a ~90 s engine start on the H200
+    env["VLLM_CACHE_ROOT"] = str(scratch / (cache or ("vllm-cache-upstream" if upstream else "vllm-cache-fork")))
+    env["KIMI_DRAFT_GREEDY"] = "upstream" if upstream else (job.get("greedy") or args.fork_greedy)
+    env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    if job["variant"] in RUNNER_ENV:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNER_ENV[job["variant"]]
     return env
 
 
-def run_job(args: argparse.Namespace, job: dict, scratch: Path, deadline: float) -> dict:
-    name = job["name"].replace("/", "-")
-    job_path, result_path = scratch / f"{name}.job.json", scratch / f"{name}.result.json"
-    job_path.write_text(json.dumps(job))
-    result_path.unlink(missing_ok=True)
-    # engine logs stay in the scratch folder: a device call brings back only a few files from --out; a failed
-    # engine's tail goes into the JSON
-    log_path = scratch / f"{name}.log"
-    limit = min(args.job_timeout_s, deadline - time.monotonic())
-    began = time.monotonic()
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path),
-                                 str(result_path)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=variant_env(args, job["variant"], scratch, job.get("greedy")),
-                                start_new_session=True)
+class Worker:
+    """One engine's worker process (``--worker JOB RESULT``), its log in the scratch folder (a device call brings
+    back only a few files from --out; a failed engine's tail goes into the JSON)."""
+
+    def __init__(self, args: argparse.Namespace, job: dict, scratch: Path, turn: Path | None = None,
+                 cache: str | None = None, threads: int | None = None) -> None:
+        name = job["name"].replace("/", "-")
+        self.job, self.began = job, time.monotonic()
+        job_path, self.result_path = scratch / f"{name}.job.json", scratch / f"{name}.result.json"
+        self.log_path, self.turn = scratch / f"{name}.log", turn
+        if turn is not None:
+            for suffix in (".ready", ".go"):
+                turn.with_suffix(suffix).unlink(missing_ok=True)
+            job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s}
+        job_path.write_text(json.dumps(job))
+        self.result_path.unlink(missing_ok=True)
+        env = variant_env(args, job, scratch, cache)
+        if threads:
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path),
+                                          str(self.result_path)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                         env=env, start_new_session=True)
+
+    def ready(self) -> bool:
+        """Parallel start: the engine is up and waits for its turn."""
+        return self.turn is not None and self.turn.with_suffix(".ready").is_file()
+
+    def go(self) -> None:
+        write_atomic(self.turn.with_suffix(".go"), "")
+
+    def collect(self, limit: float) -> dict:
+        """Wait up to ``limit`` seconds for the worker to finish (killed after that); its result."""
+        from gpu_e2e import _kill, _tail
+
         try:
-            proc.wait(timeout=max(1.0, limit))
+            self.proc.wait(timeout=max(1.0, limit))
         except subprocess.TimeoutExpired:
-            from gpu_e2e import _kill, _tail
+            _kill(self.proc)
+            return {"status": "timeout", "error": f"killed after {limit:.0f} s:\n{_tail(self.log_path)}",
+                    "seconds": round(time.monotonic() - self.began, 1)}
+        if self.result_path.is_file():
+            result = json.loads(self.result_path.read_text())
+        else:
+            result = {"status": "error", "error": f"worker exited with {self.proc.returncode}:\n{_tail(self.log_path)}"}
+        result["seconds"] = round(time.monotonic() - self.began, 1)
+        return result
 
-            _kill(proc)
-            return {"status": "timeout", "error": f"killed after {limit:.0f} s:\n{_tail(log_path)}",
-                    "seconds": round(time.monotonic() - began, 1)}
-    if result_path.is_file():
-        result = json.loads(result_path.read_text())
-    else:
-        from gpu_e2e import _tail
+    def stop(self, status: str, why: str) -> dict:
+        from gpu_e2e import _kill
 
-        result = {"status": "error", "error": f"worker exited with {proc.returncode}:\n{_tail(log_path)}"}
-    result["seconds"] = round(time.monotonic() - began, 1)
-    return result
+        _kill(self.proc)
+        return {"status": status, "error": why, "seconds": round(time.monotonic() - self.began, 1)}
+
+
+def run_serial(args: argparse.Namespace, jobs: list[dict], deadline: float, runs: dict, report) -> None:
+    """Each engine started, measured and stopped before the next; a model whose ``nospec`` engine failed skips
+    its other engines (the same target fails the same way: keep the device time for the next model)."""
+    for job in jobs:
+        if deadline - time.monotonic() < 40:
+            runs[job["name"]] = {"status": "skipped", "error": "time budget"}
+            continue
+        baseline = runs.get(f"{job['model']}/nospec", {})
+        if baseline.get("status") not in (None, "done"):
+            runs[job["name"]] = {"status": "skipped", "error": f"{job['model']}/nospec did not finish"}
+            continue
+        log(f"{job['name']}: starting")
+        worker = Worker(args, job, args.scratch)
+        runs[job["name"]] = worker.collect(min(args.job_timeout_s, deadline - time.monotonic()))
+        report(job)
+
+
+def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, runs: dict, report) -> None:
+    """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
+    CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, in
+    order, the others waiting idle."""
+    threads = max(1, (os.cpu_count() or 1) // len(jobs))
+    log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each)")
+    workers = {job["name"]: Worker(args, job, args.scratch, turn=args.scratch / job["name"].replace("/", "-"),
+                                   cache=f"vllm-cache-{job['name'].replace('/', '-')}", threads=threads)
+               for job in jobs}
+    began = time.monotonic()
+    waiting = set(workers)
+    while waiting and time.monotonic() < min(deadline - 40, began + args.job_timeout_s):
+        waiting = {n for n in waiting if not workers[n].ready() and workers[n].proc.poll() is None}
+        time.sleep(0.5)
+    log(f"{len(workers) - len(waiting)} of {len(workers)} engines up or gone after {time.monotonic() - began:.0f} s")
+    for job in jobs:
+        worker = workers[job["name"]]
+        if worker.proc.poll() is not None:
+            runs[job["name"]] = worker.collect(1.0)  # failed at start: its error and log tail
+        elif not worker.ready():
+            runs[job["name"]] = worker.stop("timeout", f"not ready within {time.monotonic() - began:.0f} s")
+        elif deadline - time.monotonic() < 40:
+            runs[job["name"]] = worker.stop("skipped", "time budget")
+        else:
+            log(f"{job['name']}: measuring")
+            worker.go()
+            runs[job["name"]] = worker.collect(min(args.job_timeout_s, deadline - time.monotonic()))
+        report(job)
 
 
 def _ratio(a, b) -> float | None:
@@ -379,29 +493,38 @@ def _ratio(a, b) -> float | None:
 
 
 def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
-    """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields)."""
+    """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields).
+
+    ``fork_*`` is the fork as it runs by default; ``fork_v1_*`` the fork held on V1, ``upstream_v2_*`` upstream
+    on its V2 runner. Step times (``t_verify_ms``, ``t_draft_ms``) come from the first of fork, fork_v1 and
+    upstream that has them (``steps_from``): V1 engines only.
+    """
     out = []
     done = {j["name"]: (j, runs[j["name"]]) for j in jobs if runs.get(j["name"], {}).get("status") == "done"}
+
+    def at(name: str, c: str) -> dict:
+        return done.get(name, (None, {}))[1].get("by_concurrency", {}).get(c, {})
+
+    def tok_s(entry: dict) -> float | None:
+        return round(entry["tok_s"], 1) if entry else None
+
     for job, result in done.values():
         if job["variant"] != "fork" or job.get("greedy"):
             continue
         model, k = job["model"], job["k"]
-        up = done.get(f"{model}/upstream_k{k}", (None, {}))[1]
-        v2 = done.get(f"{model}/fork_v2_k{k}", (None, {}))[1]
-        base = done.get(f"{model}/nospec", (None, {}))[1]
         for c, fork_c in result["by_concurrency"].items():
-            up_c = up.get("by_concurrency", {}).get(c, {})
-            v2_c = v2.get("by_concurrency", {}).get(c, {})
-            base_c = base.get("by_concurrency", {}).get(c, {})
-            steps, base_steps = fork_c.get("steps", {}), base_c.get("steps", {})
-            t_target, t_verify = base_steps.get("target_ms"), steps.get("target_ms")
-            t_draft, tau = steps.get("draft_per_token_ms"), fork_c.get("tau")
+            up_c, base_c = at(f"{model}/upstream_k{k}", c), at(f"{model}/nospec", c)
+            v1_c, up2_c = at(f"{model}/fork_v1_k{k}", c), at(f"{model}/upstream_v2_k{k}", c)
+            steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("fork_v1", v1_c),
+                                                                  ("upstream", up_c))
+                                      if e.get("steps", {}).get("draft_per_token_ms")), (None, {}))
+            t_target = base_c.get("steps", {}).get("target_ms")
+            t_verify, t_draft, tau = steps.get("target_ms"), steps.get("draft_per_token_ms"), fork_c.get("tau")
             ideal = (tau * t_target / (t_verify + k * t_draft)
                      if None not in (tau, t_target, t_verify, t_draft) else None)
             out.append({
                 "model": model, "concurrency": int(c), "k": k,
-                "fork_tok_s": round(fork_c["tok_s"], 1), "upstream_tok_s": round(up_c["tok_s"], 1) if up_c else None,
-                "nospec_tok_s": round(base_c["tok_s"], 1) if base_c else None,
+                "fork_tok_s": tok_s(fork_c), "upstream_tok_s": tok_s(up_c), "nospec_tok_s": tok_s(base_c),
                 "fork_vs_upstream": _ratio(fork_c["tok_s"], up_c.get("tok_s")),
                 "fork_vs_nospec": _ratio(fork_c["tok_s"], base_c.get("tok_s")),
                 "upstream_vs_nospec": _ratio(up_c.get("tok_s"), base_c.get("tok_s")),
@@ -413,12 +536,15 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
                 "t_target_ms": round(t_target, 4) if t_target else None,
                 "t_verify_ms": round(t_verify, 4) if t_verify else None,
                 "t_draft_ms": round(t_draft, 4) if t_draft else None,
+                "steps_from": steps_from,
                 "t_draft_ms_upstream": round(up_c["steps"]["draft_per_token_ms"], 4)
                 if up_c.get("steps", {}).get("draft_per_token_ms") else None,
                 "ideal_speedup": round(ideal, 3) if ideal else None,
-                "fork_v2_tok_s": round(v2_c["tok_s"], 1) if v2_c else None,
-                "fork_v2_vs_upstream": _ratio(v2_c.get("tok_s"), up_c.get("tok_s")),
-                "tau_v2": round(v2_c["tau"], 3) if v2_c.get("tau") else None,
+                "fork_runner": result.get("runner"),
+                "fork_v1_tok_s": tok_s(v1_c), "fork_v1_vs_upstream": _ratio(v1_c.get("tok_s"), up_c.get("tok_s")),
+                "tau_v1": round(v1_c["tau"], 3) if v1_c.get("tau") else None,
+                "upstream_v2_tok_s": tok_s(up2_c),
+                "fork_vs_upstream_v2": _ratio(fork_c["tok_s"], up2_c.get("tok_s")),
             })
     return sorted(out, key=lambda r: (r["model"], r["k"], r["concurrency"]))
 
@@ -494,15 +620,17 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
              (f"- output tokens per request: {settings['tokens']} (pair), {settings.get('slice_tokens')} "
               f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"),
              f"- goal: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16: {summary['goal']}", "",
-             ("| model | c | k | fork tok/s | upstream tok/s | no-spec tok/s | fork/upstream | fork/no-spec | tau "
-              "| t_target ms | t_verify ms | t_draft ms (fork / upstream) | ideal | fork on V2 runner tok/s "
-              "(/ upstream) |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             ("| model | c | k | fork tok/s (runner) | upstream tok/s | no-spec tok/s | fork/upstream | fork/no-spec "
+              "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "
+              "| fork on V1 tok/s (/ upstream) | upstream on V2 tok/s (fork / it) |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
-        lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} | {r['upstream_tok_s']} "
-                     f"| {r['nospec_tok_s']} | {r['fork_vs_upstream']} | {r['fork_vs_nospec']} | {r['tau']} "
-                     f"| {r['t_target_ms']} | {r['t_verify_ms']} | {r['t_draft_ms']} / {r['t_draft_ms_upstream']} "
-                     f"| {r['ideal_speedup']} | {r.get('fork_v2_tok_s')} ({r.get('fork_v2_vs_upstream')}) |")
+        lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} ({r.get('fork_runner')}) "
+                     f"| {r['upstream_tok_s']} | {r['nospec_tok_s']} | {r['fork_vs_upstream']} | {r['fork_vs_nospec']} "
+                     f"| {r['tau']} | {r['t_target_ms']} | {r['t_verify_ms']} "
+                     f"| {r['t_draft_ms']} ({r.get('steps_from')}) / {r['t_draft_ms_upstream']} | {r['ideal_speedup']} "
+                     f"| {r.get('fork_v1_tok_s')} ({r.get('fork_v1_vs_upstream')}) "
+                     f"| {r.get('upstream_v2_tok_s')} ({r.get('fork_vs_upstream_v2')}) |")
     if summary.get("projection"):
         lines += ["", "Kimi slice projected to 61 layers at TP 8 (module docstring of benchmarks/perf_vs_upstream.py):",
                   "", ("| c, k | t_moe/layer ms | 61 layers 1 GPU ms | 61 layers TP8 ms | verify TP8 ms | draft ms "
@@ -543,7 +671,8 @@ def draw_chart(summary: dict, path: Path) -> bool:
         c = [r["concurrency"] for r in rows]
         for key, label, style in (("fork_tok_s", "fork", "o-"), ("upstream_tok_s", "upstream 0.26.0", "s--"),
                                   ("nospec_tok_s", "no speculation", "^:"),
-                                  ("fork_v2_tok_s", "fork on vLLM's V2 model runner", "d-.")):
+                                  ("fork_v1_tok_s", "fork held on V1 (patch 0009 only)", "d-."),
+                                  ("upstream_v2_tok_s", "upstream, VLLM_USE_V2_MODEL_RUNNER=1", "x:")):
             points = [(r["concurrency"], r.get(key)) for r in rows if r.get(key)]
             if points:
                 ax.plot(*zip(*points, strict=True), style, label=label)
@@ -623,8 +752,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))
     parser.add_argument("--slice-ks", type=int, nargs="+", default=list(SLICE_KS))
+    parser.add_argument("--v1-ks", type=int, nargs="*", default=[3],
+                        help="k values where the fork also runs held on V1 (VLLM_USE_V2_MODEL_RUNNER=0, patch 0009)")
     parser.add_argument("--v2-ks", type=int, nargs="*", default=[3],
-                        help="k values where the fork also runs on vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)")
+                        help="k values where upstream also runs on its V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)")
+    parser.add_argument("--parallel-start", action="store_true",
+                        help="start the pair's engines at once, then measure them one at a time")
+    parser.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")
     parser.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     parser.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
     parser.add_argument("--reps", type=int, default=2)
@@ -683,27 +817,25 @@ def main(argv: list[str] | None = None) -> int:
     jobs = plan(args, pair_prompts, slice_dirs)
     log(f"{len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}")
     runs: dict[str, dict] = {}
-    for job in jobs:
-        if deadline - time.monotonic() < 40:
-            runs[job["name"]] = {"status": "skipped", "error": "time budget"}
-            continue
-        baseline = runs.get(f"{job['model']}/nospec", {})
-        if baseline.get("status") not in (None, "done"):
-            # the same target fails the same way in every engine: keep the device time for the next model
-            runs[job["name"]] = {"status": "skipped", "error": f"{job['model']}/nospec did not finish"}
-            continue
-        log(f"{job['name']}: starting")
-        runs[job["name"]] = run_job(args, job, args.scratch, deadline)
+
+    def report(job: dict) -> None:
         r = runs[job["name"]]
-        log(f"{job['name']}: {r['status']} in {r['seconds']} s" + (f" (start {r.get('start_s')} s)"
+        log(f"{job['name']}: {r['status']} in {r['seconds']} s" + (f" (start {r.get('start_s')} s, {r.get('runner')})"
                                                                    if r["status"] == "done" else
                                                                    f": {r.get('error', '').strip()[-300:]}"))
         for c, entry in r.get("by_concurrency", {}).items():  # in the call's output too
             log(f"  c={c}: {entry['tok_s']:.1f} tok/s, tpot {entry['tpot_ms']:.2f} ms, tau {entry['tau']}, "
                 f"steps {json.dumps({k: round(v, 3) for k, v in entry.get('steps', {}).items()})}")
         write_outputs(args.out, summarize(args, jobs, runs, started), chart=False)
+
+    for model in dict.fromkeys(j["model"] for j in jobs):
+        group = [j for j in jobs if j["model"] == model]
+        if args.parallel_start and model == "pair":
+            run_parallel(args, group, deadline, runs, report)
+        else:
+            run_serial(args, group, deadline, runs, report)
     summary = summarize(args, jobs, runs, started)
-    write_outputs(args.out, summary)
+    write_outputs(args.out, summary, chart=args.chart)
     mismatch = [v for n, v in summary["versions"].items() if ("+kimi." in (v or "")) != (n == "fork")]
     if mismatch and not args.cpu_smoke:
         log(f"version mix-up: {summary['versions']} (upstream must be plain 0.26.0, the fork +kimi)")
