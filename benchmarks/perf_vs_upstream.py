@@ -13,15 +13,13 @@ For each model, engines run one at a time, each in its own process with its own 
   model runner (0.26.0 defaults to V2 for ``DeepseekV2ForCausalLM`` but not ``DeepseekV3ForCausalLM``,
   ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``vllm/config/vllm.py``), whose drafter steps are PIECEWISE
   CUDA graphs (vLLM RFC 45258);
-* ``fork_k{k}``: the fork with the same drafter and k, as it runs by default: patch 0012 puts a DeepSeek-V3
-  target with an EAGLE-3 drafter on vLLM's V2 model runner, whose drafting loop (forward, logits, sampling)
-  is captured in CUDA graphs. No step times there (the loop is one graph);
-* ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on V1 (``VLLM_USE_V2_MODEL_RUNNER=0``) with
-  ``KIMI_DRAFT_GREEDY=auto`` (greedy drafts from the draft vocabulary, patch 0009, with the fork's draft-head
-  kernel where ``KIMI_DRAFT_HEAD_LIB`` is set): what the fork gains without patch 0012;
-* ``upstream_v2_k{k}`` (k in ``--v2-ks``): upstream with ``VLLM_USE_V2_MODEL_RUNNER=1``, the opt-in a user of
-  upstream has: how much of the fork's gain is upstream's V2 runner itself;
-* ``check_k3``: the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
+* ``fork_k{k}``: the fork with the same drafter and k, as it runs by default: greedy drafts from the draft
+  vocabulary (patch 0009, ``KIMI_DRAFT_GREEDY=auto``, with the fork's draft-head kernel where
+  ``KIMI_DRAFT_HEAD_LIB`` is set), V1 runner;
+* ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork on vLLM's V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``),
+  whose drafting loop (forward, logits, sampling) is captured in CUDA graphs (patch 0009's hook is V1's; V2
+  takes the full-vocabulary argmax). No step times there (the loop is one graph);
+* ``check_k3``: the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
   patch 0009 against upstream's, counted on the device).
 
 Models: ``pair``, the trained reference pair (``kimi models train-pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
@@ -38,8 +36,7 @@ output tokens each, EOS ignored), so the batch holds ``c`` sequences from start 
 * step times from a separate timed pass (each call below between two device synchronizations, so they hold
   the GPU time plus launch overhead and exclude the scheduler): ``t_target_ms`` the target's forward + logits
   on the decode batch of the ``nospec`` engine; ``t_verify_ms`` the same on the verification batch
-  (``c (k + 1)`` tokens) of a V1 spec engine (``fork_v1_k{k}`` where measured, else ``upstream_k{k}``; the
-  V2 runner's drafting loop is one graph, not timed per call); ``t_draft_ms`` the drafter's forward passes
+  (``c (k + 1)`` tokens) of the fork's engine (else ``upstream_k{k}``); ``t_draft_ms`` the drafter's forward passes
   plus its draft heads per draft token, same engine. ``ideal_speedup = tau * t_target / (t_verify + k *
   t_draft)`` with the fork's tau (EAGLE-3's bound with no overhead outside the forward passes).
 
@@ -308,9 +305,9 @@ def worker_main(job_path: Path, result_path: Path) -> int:
 
 def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
          slice_dirs: dict[str, str] | None) -> list[dict]:
-    """The engines to run, in order. Per model: the baseline, then by k (3 first) upstream and fork (the fork on
-    V1 where k is in ``--v1-ks``, upstream on V2 where k is in ``--v2-ks``), the check engine after k = 3; for
-    the slice the shallower baseline of the projection comes right after the first fork engine."""
+    """The engines to run, in order (those named by ``--engines`` only, when given). Per model: the baseline,
+    then by k (3 first) upstream and fork (and the fork on V2 where k is in ``--v2-ks``), the check engine after
+    k = 3; for the slice the shallower baseline of the projection comes right after the first fork engine."""
     base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps}
     if not args.cpu_smoke:
         # CUDA graphs for exactly the batch sizes measured (decode c, verification c (k + 1)), the same for every
@@ -340,30 +337,34 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
         # the projection's second depth right after the first upstream/fork pair, before the optional engines
         at = next((i + 1 for i, j in enumerate(slice_jobs) if j["variant"] == "fork"), len(slice_jobs))
         jobs += [*slice_jobs[:at], shallow, *slice_jobs[at:]]
+    if args.engines:
+        unknown = set(args.engines) - {j["name"] for j in jobs}
+        if unknown:
+            raise SystemExit(f"perf: --engines {sorted(unknown)} not in the plan: {', '.join(j['name'] for j in jobs)}")
+        jobs = [j for j in jobs if j["name"] in args.engines]
     return jobs
 
 
 def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
-    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v1_k{k}``,
-    ``upstream_v2_k{k}``), and ``check_k3`` (the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest
-    concurrency: does patch 0009 give upstream's draft ids on this device?) after k = 3."""
+    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v2_k{k}``), and
+    ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency: does patch 0009 give
+    upstream's draft ids on this device?) after k = 3."""
     model = common["model"]
     jobs = [{**common, "name": f"{model}/nospec", "variant": "nospec", "k": 0, "spec": None}]
     v2 = [] if args.cpu_smoke else args.v2_ks  # the V2 runner needs triton (CUDA)
     for k in sorted(ks, key=lambda k: (k != 3, k)):
         spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-        variants = ("upstream", "fork", *(("fork_v1",) if k in args.v1_ks else ()),
-                    *(("upstream_v2",) if k in v2 else ()))
+        variants = ("upstream", "fork", *(("fork_v2",) if k in v2 else ()))
         for variant in variants:
             jobs.append({**common, "name": f"{model}/{variant}_k{k}", "variant": variant, "k": k, "spec": spec})
         if k == 3 and args.check:
-            jobs.append({**common, "name": f"{model}/check_k3", "variant": "fork_v1", "greedy": "check", "k": 3,
+            jobs.append({**common, "name": f"{model}/check_k3", "variant": "fork", "greedy": "check", "k": 3,
                          "spec": spec, "concurrency": [max(common["concurrency"])]})
     return jobs
 
 
-#: ``VLLM_USE_V2_MODEL_RUNNER`` per variant; the others take their vLLM's default runner.
-RUNNER_ENV = {"fork_v1": "0", "upstream_v2": "1"}
+#: ``VLLM_USE_V2_MODEL_RUNNER`` per variant; the others take their vLLM's default runner (V1 for these targets).
+RUNNER_ENV = {"fork_v2": "1"}
 
 
 def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str | None = None) -> dict:
@@ -462,7 +463,7 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
     """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
     CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, in
     order, the others waiting idle."""
-    threads = max(1, (os.cpu_count() or 1) // len(jobs))
+    threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each)")
     workers = {job["name"]: Worker(args, job, args.scratch, turn=args.scratch / job["name"].replace("/", "-"),
                                    cache=f"vllm-cache-{job['name'].replace('/', '-')}", threads=threads)
@@ -495,9 +496,8 @@ def _ratio(a, b) -> float | None:
 def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
     """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields).
 
-    ``fork_*`` is the fork as it runs by default; ``fork_v1_*`` the fork held on V1, ``upstream_v2_*`` upstream
-    on its V2 runner. Step times (``t_verify_ms``, ``t_draft_ms``) come from the first of fork, fork_v1 and
-    upstream that has them (``steps_from``): V1 engines only.
+    ``fork_*`` is the fork as it runs by default, ``fork_v2_*`` the fork on vLLM's V2 runner. Step times
+    (``t_verify_ms``, ``t_draft_ms``) come from the fork's engine, else upstream's (``steps_from``).
     """
     out = []
     done = {j["name"]: (j, runs[j["name"]]) for j in jobs if runs.get(j["name"], {}).get("status") == "done"}
@@ -514,9 +514,8 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
         model, k = job["model"], job["k"]
         for c, fork_c in result["by_concurrency"].items():
             up_c, base_c = at(f"{model}/upstream_k{k}", c), at(f"{model}/nospec", c)
-            v1_c, up2_c = at(f"{model}/fork_v1_k{k}", c), at(f"{model}/upstream_v2_k{k}", c)
-            steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("fork_v1", v1_c),
-                                                                  ("upstream", up_c))
+            v2_c = at(f"{model}/fork_v2_k{k}", c)
+            steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("upstream", up_c))
                                       if e.get("steps", {}).get("draft_per_token_ms")), (None, {}))
             t_target = base_c.get("steps", {}).get("target_ms")
             t_verify, t_draft, tau = steps.get("target_ms"), steps.get("draft_per_token_ms"), fork_c.get("tau")
@@ -541,10 +540,8 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
                 if up_c.get("steps", {}).get("draft_per_token_ms") else None,
                 "ideal_speedup": round(ideal, 3) if ideal else None,
                 "fork_runner": result.get("runner"),
-                "fork_v1_tok_s": tok_s(v1_c), "fork_v1_vs_upstream": _ratio(v1_c.get("tok_s"), up_c.get("tok_s")),
-                "tau_v1": round(v1_c["tau"], 3) if v1_c.get("tau") else None,
-                "upstream_v2_tok_s": tok_s(up2_c),
-                "fork_vs_upstream_v2": _ratio(fork_c["tok_s"], up2_c.get("tok_s")),
+                "fork_v2_tok_s": tok_s(v2_c), "fork_v2_vs_upstream": _ratio(v2_c.get("tok_s"), up_c.get("tok_s")),
+                "tau_v2": round(v2_c["tau"], 3) if v2_c.get("tau") else None,
             })
     return sorted(out, key=lambda r: (r["model"], r["k"], r["concurrency"]))
 
@@ -622,15 +619,14 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
              f"- goal: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16: {summary['goal']}", "",
              ("| model | c | k | fork tok/s (runner) | upstream tok/s | no-spec tok/s | fork/upstream | fork/no-spec "
               "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "
-              "| fork on V1 tok/s (/ upstream) | upstream on V2 tok/s (fork / it) |"),
+              "| fork on V2 tok/s (/ upstream) | tau on V2 |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} ({r.get('fork_runner')}) "
                      f"| {r['upstream_tok_s']} | {r['nospec_tok_s']} | {r['fork_vs_upstream']} | {r['fork_vs_nospec']} "
                      f"| {r['tau']} | {r['t_target_ms']} | {r['t_verify_ms']} "
                      f"| {r['t_draft_ms']} ({r.get('steps_from')}) / {r['t_draft_ms_upstream']} | {r['ideal_speedup']} "
-                     f"| {r.get('fork_v1_tok_s')} ({r.get('fork_v1_vs_upstream')}) "
-                     f"| {r.get('upstream_v2_tok_s')} ({r.get('fork_vs_upstream_v2')}) |")
+                     f"| {r.get('fork_v2_tok_s')} ({r.get('fork_v2_vs_upstream')}) | {r.get('tau_v2')} |")
     if summary.get("projection"):
         lines += ["", "Kimi slice projected to 61 layers at TP 8 (module docstring of benchmarks/perf_vs_upstream.py):",
                   "", ("| c, k | t_moe/layer ms | 61 layers 1 GPU ms | 61 layers TP8 ms | verify TP8 ms | draft ms "
@@ -671,8 +667,7 @@ def draw_chart(summary: dict, path: Path) -> bool:
         c = [r["concurrency"] for r in rows]
         for key, label, style in (("fork_tok_s", "fork", "o-"), ("upstream_tok_s", "upstream 0.26.0", "s--"),
                                   ("nospec_tok_s", "no speculation", "^:"),
-                                  ("fork_v1_tok_s", "fork held on V1 (patch 0009 only)", "d-."),
-                                  ("upstream_v2_tok_s", "upstream, VLLM_USE_V2_MODEL_RUNNER=1", "x:")):
+                                  ("fork_v2_tok_s", "fork on vLLM's V2 model runner", "d-.")):
             points = [(r["concurrency"], r.get(key)) for r in rows if r.get(key)]
             if points:
                 ax.plot(*zip(*points, strict=True), style, label=label)
@@ -736,6 +731,8 @@ def combine(parts: list[dict]) -> dict:
     rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: (r["model"], r["k"], r["concurrency"]))
     merged = {key: {k: v for part in parts for k, v in part.get(key, {}).items()}
               for key in ("versions", "projection", "same_as_nospec", "greedy_check", "runs")}
+    # the projection's two depths may come from different calls
+    merged["projection"] = projection(merged["runs"], rows) or merged["projection"]
     return {**first, **merged, "rows": rows, "goal": goal(rows),
             "command": " ; ".join(part["command"] for part in parts),
             "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
@@ -752,10 +749,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))
     parser.add_argument("--slice-ks", type=int, nargs="+", default=list(SLICE_KS))
-    parser.add_argument("--v1-ks", type=int, nargs="*", default=[3],
-                        help="k values where the fork also runs held on V1 (VLLM_USE_V2_MODEL_RUNNER=0, patch 0009)")
     parser.add_argument("--v2-ks", type=int, nargs="*", default=[3],
-                        help="k values where upstream also runs on its V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)")
+                        help="k values where the fork also runs on vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)")
+    parser.add_argument("--engines", nargs="+", metavar="NAME",
+                        help="run only these engines of the plan (e.g. kimi_slice/nospec_shallow)")
     parser.add_argument("--parallel-start", action="store_true",
                         help="start the pair's engines at once, then measure them one at a time")
     parser.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")

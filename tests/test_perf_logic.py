@@ -35,8 +35,8 @@ def test_step_times_take_the_steady_batch_and_spread_draft_time_over_draft_token
 def _result(tok_s: float, tau: float | None, target_ms: float | None, draft_ms: float | None = None,
             runner: str = "v1") -> dict:
     steps = {"target_ms": target_ms, **({"draft_per_token_ms": draft_ms} if draft_ms else {})} if target_ms else {}
-    return {"status": "done", "runner": runner, "by_concurrency": {"4": {"tok_s": tok_s, "tpot_ms": 1.0, "tau": tau, "steps": steps,
-                                                      "tokens": [[1, 2], [3, 4]]}}}
+    entry = {"tok_s": tok_s, "tpot_ms": 1.0, "tau": tau, "steps": steps, "tokens": [[1, 2], [3, 4]]}
+    return {"status": "done", "runner": runner, "by_concurrency": {"4": entry}}
 
 
 def _jobs(model: str = "pair", k: int = 3) -> list[dict]:
@@ -44,10 +44,9 @@ def _jobs(model: str = "pair", k: int = 3) -> list[dict]:
     return [{"name": f"{model}/nospec", "model": model, "variant": "nospec", "k": 0, "spec": None},
             {"name": f"{model}/upstream_k{k}", "model": model, "variant": "upstream", "k": k, "spec": spec},
             {"name": f"{model}/fork_k{k}", "model": model, "variant": "fork", "k": k, "spec": spec},
-            {"name": f"{model}/check_k{k}", "model": model, "variant": "fork_v1", "greedy": "check", "k": k,
+            {"name": f"{model}/check_k{k}", "model": model, "variant": "fork", "greedy": "check", "k": k,
              "spec": spec},
-            {"name": f"{model}/fork_v1_k{k}", "model": model, "variant": "fork_v1", "k": k, "spec": spec},
-            {"name": f"{model}/upstream_v2_k{k}", "model": model, "variant": "upstream_v2", "k": k, "spec": spec}]
+            {"name": f"{model}/fork_v2_k{k}", "model": model, "variant": "fork_v2", "k": k, "spec": spec}]
 
 
 def test_rows_ratios_and_ideal_speedup() -> None:
@@ -64,16 +63,13 @@ def test_rows_ratios_and_ideal_speedup() -> None:
     assert goal["pair_k3_c1_16_met"] and goal["floor_met"] and goal["min_anywhere"] == 1.1
 
 
-def test_fork_on_v2_takes_step_times_from_the_fork_on_v1() -> None:
+def test_v2_runner_columns_and_step_times_from_upstream_when_the_fork_has_none() -> None:
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
-            "pair/fork_k3": _result(216.0, 2.6, None, runner="v2"), "pair/fork_v1_k3": _result(190.0, 2.5, 2.2, 0.3),
-            "pair/upstream_v2_k3": _result(200.0, 2.5, None, runner="v2")}
+            "pair/fork_k3": _result(190.0, 2.6, None), "pair/fork_v2_k3": _result(270.0, 2.1, None, runner="v2")}
     row = perf.rows_of(runs, _jobs())[0]
-    assert (row["fork_runner"], row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("v2", "fork_v1", 2.2, 0.3)
-    assert row["ideal_speedup"] == pytest.approx(2.6 * 2.0 / (2.2 + 3 * 0.3), abs=1e-3)  # the fork's tau
-    assert (row["fork_vs_upstream"], row["fork_v1_vs_upstream"], row["fork_vs_upstream_v2"]) == (1.2, 1.0556, 1.08)
-    del runs["pair/fork_v1_k3"]
-    assert perf.rows_of(runs, _jobs())[0]["steps_from"] == "upstream"
+    assert (row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("upstream", 2.4, 0.5)
+    assert row["ideal_speedup"] == pytest.approx(2.6 * 2.0 / (2.4 + 3 * 0.5), abs=1e-3)  # the fork's tau
+    assert (row["fork_v2_tok_s"], row["fork_v2_vs_upstream"], row["tau_v2"]) == (270.0, 1.5, 2.1)
 
 
 def test_goal_fails_below_the_floor() -> None:
@@ -156,12 +152,22 @@ def test_results_of_two_calls_combine_and_different_devices_do_not() -> None:
         perf.combine([part, {**other, "device": "B200"}])
 
 
+def test_combine_projects_the_slice_from_depths_measured_in_different_calls() -> None:
+    slice_row = {"model": "kimi_slice", "concurrency": 4, "k": 3, "t_verify_ms": 12.0, "t_draft_ms": 1.0,
+                 "fork_vs_upstream": 1.0}
+    base = {"device": "H200", "versions": {}, "date": "2026-11-30T09:00:00+00:00", "command": "a", "seconds": 1,
+            "settings": {}, "projection": {}, "same_as_nospec": {}, "greedy_check": {}}
+    deep = {**base, "runs": {"kimi_slice/nospec": _result(1.0, None, 10.0)}, "rows": [slice_row]}
+    shallow = {**base, "runs": {"kimi_slice/nospec_shallow": _result(1.0, None, 8.0)}, "rows": []}
+    assert perf.combine([deep, shallow])["projection"]["c4_k3"]["t_moe_layer_ms"] == 2.0
+
+
 def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     import argparse
 
     args = argparse.Namespace(upstream_site=Path("/tmp/upstream"), fork_site=Path("/tmp/site"), fork_greedy="auto")
     up = perf.variant_env(args, {"variant": "upstream"}, tmp_path)
-    fork = perf.variant_env(args, {"variant": "fork_v1", "greedy": "check"}, tmp_path)
+    fork = perf.variant_env(args, {"variant": "fork", "greedy": "check"}, tmp_path)
     assert up["PYTHONPATH"].split(os.pathsep)[:2] == ["/tmp/upstream", "/tmp/site"]
     assert fork["PYTHONPATH"].split(os.pathsep)[0] == "/tmp/site" and "/tmp/upstream" not in fork["PYTHONPATH"]
     assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
@@ -174,30 +180,34 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     import argparse
 
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[1, 3], slice_ks=[3],
-                              v1_ks=[3], v2_ks=[3], check=True, engine={}, pair=tmp_path, slice_tokens=4,
-                              slice_kv_gib=1)
+                              v2_ks=[3], check=True, engine={}, pair=tmp_path, slice_tokens=4, slice_kv_gib=1,
+                              engines=None)
     jobs = perf.plan(args, [[1, 2]], None)
-    assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v1_k3",
-                                         "pair/upstream_v2_k3", "pair/check_k3", "pair/upstream_k1", "pair/fork_k1"]
+    assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v2_k3",
+                                         "pair/check_k3", "pair/upstream_k1", "pair/fork_k1"]
     assert args.engine["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
     assert {j["engine"]["gpu_memory_utilization"] for j in jobs} == {0.05}  # side by side at --parallel-start
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # not inherited: each variant sets or clears it
     env_args = argparse.Namespace(upstream_site=tmp_path, fork_site=tmp_path, fork_greedy="auto")
     runner = {j["name"]: perf.variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
-    assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v1_k3": "0",
-                      "pair/upstream_v2_k3": "1", "pair/check_k3": "0", "pair/upstream_k1": None,
-                      "pair/fork_k1": None}
+    assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v2_k3": "1",
+                      "pair/check_k3": None, "pair/upstream_k1": None, "pair/fork_k1": None}
+    args.engines = ["pair/fork_k1", "pair/nospec"]
+    assert [j["name"] for j in perf.plan(args, [[1, 2]], None)] == ["pair/nospec", "pair/fork_k1"]
+    args.engines = ["pair/fork_k9"]
+    with pytest.raises(SystemExit, match=r"pair/fork_k9"):
+        perf.plan(args, [[1, 2]], None)
 
 
 def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_path: Path) -> None:
     import argparse
 
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[3], slice_ks=[3],
-                              v1_ks=[3], v2_ks=[], check=True, engine={}, slice_tokens=4, slice_kv_gib=1)
+                              v2_ks=[3], check=True, engine={}, slice_tokens=4, slice_kv_gib=1, engines=None)
     dirs = kimi_slice.write_slice(tmp_path, layers=(3, 4))
     names = [j["name"] for j in perf.plan(args, None, dirs)]
     assert names == ["kimi_slice/nospec", "kimi_slice/upstream_k3", "kimi_slice/fork_k3", "kimi_slice/nospec_shallow",
-                     "kimi_slice/fork_v1_k3", "kimi_slice/check_k3"]
+                     "kimi_slice/fork_v2_k3", "kimi_slice/check_k3"]
 
 
 def test_await_turn_says_ready_then_waits_for_go(tmp_path: Path) -> None:
@@ -250,13 +260,13 @@ def test_parallel_start_measures_ready_engines_in_order(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(perf, "Worker", FakeWorker)
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/upstream_k3", "fake": "dies"},
-            {"name": "pair/fork_k3", "fake": "ready"}, {"name": "pair/fork_v1_k3", "fake": "slow"}]
+            {"name": "pair/fork_k3", "fake": "ready"}, {"name": "pair/fork_v2_k3", "fake": "slow"}]
     args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path)
     runs: dict = {}
     reported: list[str] = []
     perf.run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
     assert events == ["go pair/nospec", "collect pair/nospec", "collect pair/upstream_k3", "go pair/fork_k3",
-                      "collect pair/fork_k3", "stop pair/fork_v1_k3"]
+                      "collect pair/fork_k3", "stop pair/fork_v2_k3"]
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/upstream_k3": "error",
-                                                         "pair/fork_k3": "done", "pair/fork_v1_k3": "timeout"}
+                                                         "pair/fork_k3": "done", "pair/fork_v2_k3": "timeout"}
     assert reported == [j["name"] for j in jobs]

@@ -3,7 +3,7 @@
 One subprocess loads the reference target with each reference drafter on CPU (vLLM in-process) and compares
 the proposer's greedy hook with upstream's ``compute_logits(...).argmax(-1)`` (the full-vocabulary scatter)
 on random hidden states (``KIMI_DRAFT_GREEDY=auto``), then loads once more with the default, where the hook
-is off. Without the patch the proposer has no ``draft_greedy`` attribute.
+is on. Without the patch the proposer has no ``draft_greedy`` attribute.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_greedy_drafts_equal_upstream_ids(tmp_path: Path) -> None:
     models = make_reference_models(tmp_path / "reference")
     out = run_engine_script(_SCRIPT, str(models), env={"KIMI_DRAFT_GREEDY": "auto"})
     assert out["llama"] == out["mla"] == {"hook": True, "same_ids": True}
-    assert out["default_hook"] is False  # opt-in: see kimi/drafter/greedy.py
+    assert out["default_hook"] is True  # on by default: see kimi/drafter/greedy.py
 
 
 def test_unknown_mode_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
