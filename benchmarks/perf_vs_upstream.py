@@ -64,6 +64,7 @@ leaves out the PNG (a device call returns few files: draw it from the combined J
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -222,13 +223,13 @@ def step_times(calls: dict[str, list[tuple[int, float]]]) -> dict:
 
 
 def run_engine(job: dict) -> dict:
-    """Start one engine, measure every concurrency of ``job``, shut it down."""
+    """Start one engine, measure every concurrency of ``job`` (in turns when ``job["turn"]`` is set: see
+    :func:`await_turn`), shut it down."""
     import vllm  # first: the variant's PYTHONPATH decides which vLLM this is
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_e2e import _device, _engine_info
-    from kimi.e2e.engine import spec_metrics
 
     t0 = time.monotonic()
     llm = LLM(model=job["target"], speculative_config=job["spec"], disable_log_stats=False, **job["engine"])
@@ -236,38 +237,21 @@ def run_engine(job: dict) -> dict:
     result = {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__, "start_s": round(time.monotonic() - t0, 1),
               "engine": _engine_info(llm), "device": _device(), "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"),
               "runner": "v2" if v2 else "v1", "by_concurrency": {}}
-    prompts, tokens = job["prompts"], job["tokens"]
+    turn = Path(job["turn"]) if job.get("turn") else None
     try:
-        if job.get("turn"):
-            await_turn(Path(job["turn"]), result["start_s"], job["turn_timeout_s"])
-        for c in job["concurrency"]:
-            batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
-            params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
-            llm.generate(batch, params, use_tqdm=False)  # warm-up: lazily compiled kernels, every batch shape
-            before = spec_metrics(llm.get_metrics())
-            walls = []
-            for _ in range(job["reps"]):
-                t1 = time.perf_counter()
-                outputs = llm.generate(batch, params, use_tqdm=False)
-                walls.append(time.perf_counter() - t1)
-            after = spec_metrics(llm.get_metrics())
-            produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-            drafts = after["num_drafts"] - before["num_drafts"]
-            accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-            wall = min(walls)
-            entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls,
-                     "output_tokens": produced, "drafts": drafts, "accepted": accepted,
-                     "tau": 1 + accepted / drafts if drafts else None,
-                     "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
-            llm.collective_rpc(_timer_install)
-            try:
-                llm.generate(batch, SamplingParams(temperature=0, max_tokens=min(tokens, 48), ignore_eos=True,
-                                                   detokenize=False), use_tqdm=False)
-            finally:
-                calls = llm.collective_rpc(_timer_collect)[0]
-            entry["steps"] = step_times(calls)
-            result["by_concurrency"][str(c)] = entry
-            log(f"{job['name']} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}, steps {entry['steps']}")
+        if turn is not None:
+            write_atomic(turn.with_suffix(".ready"), json.dumps({"start_s": result["start_s"]}))
+        for rnd in itertools.count():
+            order = "last" if turn is None else await_turn(turn, rnd, job["turn_timeout_s"])
+            if order == "stop":
+                break
+            for c in job["concurrency"]:
+                entry = measure(llm, job, c, timed=rnd == 0)
+                merge_round(result["by_concurrency"], str(c), entry)
+                log(f"{job['name']} round {rnd} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
+            if order == "last":
+                break
+            write_atomic(turn.with_suffix(f".done{rnd}"), "")
         if os.environ.get("KIMI_DRAFT_GREEDY") == "check":
             result["greedy_check"] = llm.collective_rpc(_greedy_counts)[0]
     finally:
@@ -275,19 +259,66 @@ def run_engine(job: dict) -> dict:
     return result
 
 
-def await_turn(turn: Path, start_s: float, timeout_s: float) -> None:
-    """Parallel start: say the engine is ready (``turn.ready``, holding the start time in s), then wait idle
-    until the orchestrator writes ``turn.go``.
+def measure(llm, job: dict, c: int, timed: bool) -> dict:
+    """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
+    counters over them, and with ``timed`` a shorter batch under the :class:`StepTimer`."""
+    from kimi.e2e.engine import spec_metrics
+    from vllm import SamplingParams
+
+    prompts, tokens = job["prompts"], job["tokens"]
+    batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+    llm.generate(batch, params, use_tqdm=False)  # warm-up: lazily compiled kernels, every batch shape
+    before = spec_metrics(llm.get_metrics())
+    walls = []
+    for _ in range(job["reps"]):
+        t1 = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        walls.append(time.perf_counter() - t1)
+    after = spec_metrics(llm.get_metrics())
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    drafts = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    wall = min(walls)
+    entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
+             "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
+             "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
+    if timed:
+        llm.collective_rpc(_timer_install)
+        try:
+            llm.generate(batch, SamplingParams(temperature=0, max_tokens=min(tokens, 48), ignore_eos=True,
+                                               detokenize=False), use_tqdm=False)
+        finally:
+            calls = llm.collective_rpc(_timer_collect)[0]
+        entry["steps"] = step_times(calls)
+    return entry
+
+
+def merge_round(by_c: dict, c: str, entry: dict) -> None:
+    """Fold one round's ``entry`` for concurrency ``c`` into ``by_c``: the fastest round's numbers, every round's
+    tok/s in ``tok_s_rounds``, the step times of the first round."""
+    prev = by_c.get(c)
+    if prev is None:
+        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]]}
+        return
+    rounds = [*prev["tok_s_rounds"], entry["tok_s"]]
+    best = entry if entry["tok_s"] > prev["tok_s"] else prev
+    by_c[c] = {**best, "steps": prev.get("steps", entry.get("steps", {})), "tok_s_rounds": rounds}
+
+
+def await_turn(turn: Path, rnd: int, timeout_s: float) -> str:
+    """Parallel start: wait idle until the orchestrator writes ``turn.go{rnd}``; its text is the order:
+    ``more`` (measure, then wait for the next round), ``last`` (measure, then finish) or ``stop`` (finish now).
 
     Raises:
         TimeoutError: no turn within ``timeout_s`` seconds.
     """
-    write_atomic(turn.with_suffix(".ready"), json.dumps({"start_s": start_s}))
-    go, waited = turn.with_suffix(".go"), time.monotonic()
+    go, waited = turn.with_suffix(f".go{rnd}"), time.monotonic()
     while not go.exists():
         if time.monotonic() - waited > timeout_s:
-            raise TimeoutError(f"no turn to measure within {timeout_s:.0f} s")
+            raise TimeoutError(f"no turn to measure (round {rnd}) within {timeout_s:.0f} s")
         time.sleep(0.2)
+    return go.read_text()
 
 
 def worker_main(job_path: Path, result_path: Path) -> int:
@@ -398,8 +429,9 @@ class Worker:
         job_path, self.result_path = scratch / f"{name}.job.json", scratch / f"{name}.result.json"
         self.log_path, self.turn = scratch / f"{name}.log", turn
         if turn is not None:
-            for suffix in (".ready", ".go"):
-                turn.with_suffix(suffix).unlink(missing_ok=True)
+            for old in (turn.with_suffix(".ready"), *scratch.glob(f"{turn.name}.go*"),
+                        *scratch.glob(f"{turn.name}.done*")):
+                old.unlink(missing_ok=True)
             job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s}
         job_path.write_text(json.dumps(job))
         self.result_path.unlink(missing_ok=True)
@@ -415,8 +447,18 @@ class Worker:
         """Parallel start: the engine is up and waits for its turn."""
         return self.turn is not None and self.turn.with_suffix(".ready").is_file()
 
-    def go(self) -> None:
-        write_atomic(self.turn.with_suffix(".go"), "")
+    def go(self, rnd: int, order: str) -> None:
+        """Round ``rnd``'s turn: ``order`` is ``more``, ``last`` or ``stop`` (:func:`await_turn`)."""
+        write_atomic(self.turn.with_suffix(f".go{rnd}"), order)
+
+    def wait_round(self, rnd: int, limit: float) -> bool:
+        """Wait up to ``limit`` s until the worker has measured round ``rnd`` (False: it exited or ran over)."""
+        done, end = self.turn.with_suffix(f".done{rnd}"), time.monotonic() + limit
+        while not done.exists():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                return False
+            time.sleep(0.2)
+        return True
 
     def collect(self, limit: float) -> dict:
         """Wait up to ``limit`` seconds for the worker to finish (killed after that); its result."""
@@ -462,7 +504,9 @@ def run_serial(args: argparse.Namespace, jobs: list[dict], deadline: float, runs
 def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, runs: dict, report) -> None:
     """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
     CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, in
-    order, the others waiting idle."""
+    order, the others waiting idle, for ``--rounds`` rounds (engine by engine, round after round: a drift of the
+    host over minutes then touches every engine alike; each concurrency keeps its fastest round). A round is the
+    last when the time left would not hold another one as long as the previous."""
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each)")
     workers = {job["name"]: Worker(args, job, args.scratch, turn=args.scratch / job["name"].replace("/", "-"),
@@ -478,15 +522,31 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
         worker = workers[job["name"]]
         if worker.proc.poll() is not None:
             runs[job["name"]] = worker.collect(1.0)  # failed at start: its error and log tail
+            report(job)
         elif not worker.ready():
             runs[job["name"]] = worker.stop("timeout", f"not ready within {time.monotonic() - began:.0f} s")
-        elif deadline - time.monotonic() < 40:
-            runs[job["name"]] = worker.stop("skipped", "time budget")
-        else:
-            log(f"{job['name']}: measuring")
-            worker.go()
-            runs[job["name"]] = worker.collect(min(args.job_timeout_s, deadline - time.monotonic()))
-        report(job)
+            report(job)
+    live = [job for job in jobs if job["name"] not in runs]
+    last_round_s = 0.0
+    for rnd in range(args.rounds):
+        round_began = time.monotonic()
+        final = rnd == args.rounds - 1 or deadline - round_began < 40 + 1.2 * last_round_s
+        for job in [j for j in live if j["name"] not in runs]:
+            worker = workers[job["name"]]
+            if deadline - time.monotonic() < 40:
+                worker.go(rnd, "stop")  # keeps what it measured in the rounds before
+                runs[job["name"]] = worker.collect(60.0)
+                report(job)
+                continue
+            log(f"{job['name']}: measuring (round {rnd + 1}{', last' if final else ''})")
+            worker.go(rnd, "last" if final else "more")
+            limit = min(args.job_timeout_s, deadline - time.monotonic())
+            if final or not worker.wait_round(rnd, limit):
+                runs[job["name"]] = worker.collect(limit)
+                report(job)
+        last_round_s = time.monotonic() - round_began
+        if final:
+            break
 
 
 def _ratio(a, b) -> float | None:
@@ -558,7 +618,9 @@ def projection(runs: dict[str, dict], rows: list[dict]) -> dict:
         c = str(row["concurrency"])
         t_deep = deep["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
         t_shallow = shallow["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
-        if not (t_deep and t_shallow and row["t_verify_ms"] and row["t_draft_ms"]):
+        # a fork engine marked invalid: upstream's draft step instead
+        t_draft = row.get("t_draft_ms_upstream") if row.get("invalid") else row["t_draft_ms"]
+        if not (t_deep and t_shallow and row["t_verify_ms"] and t_draft):
             continue
         t_moe = t_deep - t_shallow
         moe_here, moe_full = SPEC_LAYERS - 1, FULL_LAYERS - 1
@@ -566,10 +628,10 @@ def projection(runs: dict[str, dict], rows: list[dict]) -> dict:
         tp8 = t_deep - moe_here * t_moe + moe_full * t_moe / 8
         verify_ratio = row["t_verify_ms"] / t_deep
         k = row["k"]
-        spent = verify_ratio * tp8 + k * row["t_draft_ms"]
+        spent = verify_ratio * tp8 + k * t_draft
         out[f"c{c}_k{k}"] = {"t_moe_layer_ms": round(t_moe, 4), "t_target_61_1gpu_ms": round(one_gpu, 3),
                              "t_target_61_tp8_ms": round(tp8, 3), "t_verify_61_tp8_ms": round(verify_ratio * tp8, 3),
-                             "t_draft_ms": row["t_draft_ms"], "break_even_tau": round(spent / tp8, 3),
+                             "t_draft_ms": t_draft, "break_even_tau": round(spent / tp8, 3),
                              "ideal_speedup_at_tau_3": round(3 * tp8 / spent, 3)}
     return out
 
@@ -598,6 +660,8 @@ def _without_tokens(result: dict) -> dict:
 
 
 def goal(rows: list[dict]) -> dict:
+    """Issue G's goal over the rows not marked ``invalid``."""
+    rows = [r for r in rows if not r.get("invalid")]
     pair_k3 = [r["fork_vs_upstream"] for r in rows
                if r["model"] == "pair" and r["k"] == 3 and r["concurrency"] <= 16 and r["fork_vs_upstream"]]
     every = [r["fork_vs_upstream"] for r in rows if r["fork_vs_upstream"]]
@@ -622,11 +686,16 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
               "| fork on V2 tok/s (/ upstream) | tau on V2 |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
+        ratio = f"{r['fork_vs_upstream']}{' (not counted)' if r.get('invalid') else ''}"
         lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} ({r.get('fork_runner')}) "
-                     f"| {r['upstream_tok_s']} | {r['nospec_tok_s']} | {r['fork_vs_upstream']} | {r['fork_vs_nospec']} "
+                     f"| {r['upstream_tok_s']} | {r['nospec_tok_s']} | {ratio} | {r['fork_vs_nospec']} "
                      f"| {r['tau']} | {r['t_target_ms']} | {r['t_verify_ms']} "
                      f"| {r['t_draft_ms']} ({r.get('steps_from')}) / {r['t_draft_ms_upstream']} | {r['ideal_speedup']} "
                      f"| {r.get('fork_v2_tok_s')} ({r.get('fork_v2_vs_upstream')}) | {r.get('tau_v2')} |")
+    invalid = {f"{r['model']}/fork_k{r['k']}": r["invalid"] for r in summary["rows"] if r.get("invalid")}
+    if invalid or summary.get("notes"):
+        lines += ["", "Notes:", ""] + [f"- {engine}: not counted: {why}" for engine, why in invalid.items()]
+        lines += [f"- {note}" for note in summary.get("notes", [])]
     if summary.get("projection"):
         lines += ["", "Kimi slice projected to 61 layers at TP 8 (module docstring of benchmarks/perf_vs_upstream.py):",
                   "", ("| c, k | t_moe/layer ms | 61 layers 1 GPU ms | 61 layers TP8 ms | verify TP8 ms | draft ms "
@@ -665,14 +734,16 @@ def draw_chart(summary: dict, path: Path) -> bool:
         rows = sorted((r for r in summary["rows"] if r["model"] == model and r["k"] == 3),
                       key=lambda r: r["concurrency"])
         c = [r["concurrency"] for r in rows]
-        for key, label, style in (("fork_tok_s", "fork", "o-"), ("upstream_tok_s", "upstream 0.26.0", "s--"),
-                                  ("nospec_tok_s", "no speculation", "^:"),
-                                  ("fork_v2_tok_s", "fork on vLLM's V2 model runner", "d-.")):
-            points = [(r["concurrency"], r.get(key)) for r in rows if r.get(key)]
+        # fixed colours: a series missing from one panel does not shift the others
+        for key, label, style in (("fork_tok_s", "fork", "C0o-"), ("upstream_tok_s", "upstream 0.26.0", "C1s--"),
+                                  ("nospec_tok_s", "no speculation", "C2^:"),
+                                  ("fork_v2_tok_s", "fork on vLLM's V2 model runner", "C3d-.")):
+            points = [(r["concurrency"], r.get(key)) for r in rows
+                      if r.get(key) and not (key.startswith("fork") and r.get("invalid"))]
             if points:
                 ax.plot(*zip(*points, strict=True), style, label=label)
         ideal = [(r["concurrency"], r["ideal_speedup"] * r["nospec_tok_s"]) for r in rows
-                 if r["ideal_speedup"] and r["nospec_tok_s"]]
+                 if r["ideal_speedup"] and r["nospec_tok_s"] and not r.get("invalid")]
         if ideal:
             ax.plot(*zip(*ideal, strict=True), "k-", alpha=0.35, label="ideal bound (tau, step times)")
         ax.set_xscale("log", base=2)
@@ -715,12 +786,15 @@ def summarize(args: argparse.Namespace, jobs: list[dict], runs: dict[str, dict],
     }
 
 
-def combine(parts: list[dict]) -> dict:
+def combine(parts: list[dict], invalid: dict[str, str] | None = None, notes: list[str] | None = None) -> dict:
     """One result from the results of several calls (one GPU call per model fits the device's time limit):
     rows, runs, checks and projections are joined, the goal is recomputed, each call's command is kept.
 
+    ``invalid`` maps a fork engine (``model/fork_k{k}``) to the reason its measurement does not count: its rows
+    keep their numbers with ``invalid`` set and leave the goal. ``notes`` are printed under the table.
+
     Raises:
-        ValueError: the parts come from different devices or vLLM versions.
+        ValueError: the parts come from different devices or vLLM versions, or an ``invalid`` engine has no rows.
     """
     first = parts[0]
     for part in parts[1:]:
@@ -731,8 +805,15 @@ def combine(parts: list[dict]) -> dict:
     rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: (r["model"], r["k"], r["concurrency"]))
     merged = {key: {k: v for part in parts for k, v in part.get(key, {}).items()}
               for key in ("versions", "projection", "same_as_nospec", "greedy_check", "runs")}
+    for engine, why in (invalid or {}).items():
+        hit = [r for r in rows if f"{r['model']}/fork_k{r['k']}" == engine]
+        if not hit:
+            raise ValueError(f"--invalid {engine}: no rows of that engine")
+        for row in hit:
+            row["invalid"] = why
     # the projection's two depths may come from different calls
     merged["projection"] = projection(merged["runs"], rows) or merged["projection"]
+    merged["notes"] = [n for part in parts for n in part.get("notes", [])] + list(notes or [])
     return {**first, **merged, "rows": rows, "goal": goal(rows),
             "command": " ; ".join(part["command"] for part in parts),
             "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
@@ -755,6 +836,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these engines of the plan (e.g. kimi_slice/nospec_shallow)")
     parser.add_argument("--parallel-start", action="store_true",
                         help="start the pair's engines at once, then measure them one at a time")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="with --parallel-start: measure every engine this many times, interleaved")
     parser.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")
     parser.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     parser.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
@@ -770,6 +853,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chart-only", type=Path, metavar="JSON", help="redraw PNG and markdown from a result JSON")
     parser.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                         help="merge the results of several calls (e.g. one per model) into --out")
+    parser.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",
+                        help="with --combine: a fork engine whose rows do not count, and why")
+    parser.add_argument("--note", action="append", default=[], help="with --combine: a note printed under the table")
     parser.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -779,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args.chart_only.parent, summary)
         return 0
     if args.combine:
-        write_outputs(args.out, combine([json.loads(path.read_text()) for path in args.combine]))
+        invalid = dict(item.split("=", 1) for item in args.invalid)
+        write_outputs(args.out, combine([json.loads(path.read_text()) for path in args.combine], invalid, args.note))
         return 0
     started = time.monotonic()
     deadline = started + args.budget_s

@@ -152,6 +152,26 @@ def test_results_of_two_calls_combine_and_different_devices_do_not() -> None:
         perf.combine([part, {**other, "device": "B200"}])
 
 
+def test_combine_marks_invalid_engines_out_of_the_goal(tmp_path: Path) -> None:
+    part = {"device": "H200", "versions": {}, "date": "2026-11-30T09:00:00+00:00", "command": "a", "seconds": 1,
+            "settings": {"fork_greedy": "auto", "tokens": 8, "slice_tokens": 4, "reps": 1}, "projection": {},
+            "same_as_nospec": {}, "greedy_check": {}, "runs": {},
+            "rows": [{"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.2},
+                     {"model": "kimi_slice", "k": 3, "concurrency": 4, "fork_vs_upstream": 0.5}]}
+    both = perf.combine([part], {"kimi_slice/fork_k3": "stale head"}, ["seen twice"])
+    assert both["goal"]["min_anywhere"] == 1.2 and both["goal"]["floor_met"]
+    assert [r.get("invalid") for r in both["rows"]] == ["stale head", None]
+    with pytest.raises(ValueError, match="no rows"):
+        perf.combine([part], {"pair/fork_k5": "x"})
+    rows = [{**r, **{k: None for k in ("upstream_tok_s", "nospec_tok_s", "fork_vs_nospec", "tau", "t_target_ms",
+                                       "t_verify_ms", "t_draft_ms", "t_draft_ms_upstream", "ideal_speedup")},
+             "fork_tok_s": 1.0} for r in both["rows"]]
+    perf.write_outputs(tmp_path, {**both, "rows": rows}, chart=False)
+    text = (tmp_path / "perf_vs_upstream.md").read_text()
+    assert "- kimi_slice/fork_k3: not counted: stale head" in text and "- seen twice" in text
+    assert "| 0.5 (not counted) |" in text
+
+
 def test_combine_projects_the_slice_from_depths_measured_in_different_calls() -> None:
     slice_row = {"model": "kimi_slice", "concurrency": 4, "k": 3, "t_verify_ms": 12.0, "t_draft_ms": 1.0,
                  "fork_vs_upstream": 1.0}
@@ -210,29 +230,29 @@ def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_pat
                      "kimi_slice/fork_v2_k3", "kimi_slice/check_k3"]
 
 
-def test_await_turn_says_ready_then_waits_for_go(tmp_path: Path) -> None:
+def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:
     import threading
 
     turn = tmp_path / "pair-fork_k3"
-
-    def orchestrator() -> None:
-        while not turn.with_suffix(".ready").exists():
-            pass
-        turn.with_suffix(".go").write_text("")
-
-    thread = threading.Thread(target=orchestrator)
+    thread = threading.Timer(0.3, lambda: turn.with_suffix(".go1").write_text("last"))
     thread.start()
-    perf.await_turn(turn, 12.5, timeout_s=30)
+    assert perf.await_turn(turn, 1, timeout_s=30) == "last"
     thread.join()
-    assert json.loads(turn.with_suffix(".ready").read_text()) == {"start_s": 12.5}
-    turn.with_suffix(".go").unlink()
-    with pytest.raises(TimeoutError, match="no turn"):
-        perf.await_turn(turn, 1.0, timeout_s=0.3)
+    with pytest.raises(TimeoutError, match="round 2"):
+        perf.await_turn(turn, 2, timeout_s=0.3)
 
 
-def test_parallel_start_measures_ready_engines_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Engines up: measured one at a time in plan order; one that died at start: its error; one still starting
-    after --job-timeout-s: stopped."""
+def test_rounds_keep_the_fastest_and_every_rate() -> None:
+    by_c: dict = {}
+    perf.merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}})
+    perf.merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1})
+    perf.merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2})
+    assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steps": {"target_ms": 1.0}, "tok_s_rounds": [100.0, 130.0, 90.0]}
+
+
+def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engines up: measured one at a time in plan order, round after round, the last round marked; one that died
+    at start: its error; one still starting after --job-timeout-s: stopped."""
     import argparse
     import time
 
@@ -247,8 +267,11 @@ def test_parallel_start_measures_ready_engines_in_order(tmp_path: Path, monkeypa
         def ready(self) -> bool:
             return self.kind == "ready"
 
-        def go(self) -> None:
-            events.append(f"go {self.name}")
+        def go(self, rnd: int, order: str) -> None:
+            events.append(f"go{rnd} {order} {self.name}")
+
+        def wait_round(self, rnd: int, limit: float) -> bool:
+            return True
 
         def collect(self, limit: float) -> dict:
             events.append(f"collect {self.name}")
@@ -261,12 +284,12 @@ def test_parallel_start_measures_ready_engines_in_order(tmp_path: Path, monkeypa
     monkeypatch.setattr(perf, "Worker", FakeWorker)
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/upstream_k3", "fake": "dies"},
             {"name": "pair/fork_k3", "fake": "ready"}, {"name": "pair/fork_v2_k3", "fake": "slow"}]
-    args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path)
+    args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=2)
     runs: dict = {}
     reported: list[str] = []
     perf.run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
-    assert events == ["go pair/nospec", "collect pair/nospec", "collect pair/upstream_k3", "go pair/fork_k3",
-                      "collect pair/fork_k3", "stop pair/fork_v2_k3"]
+    assert events == ["collect pair/upstream_k3", "stop pair/fork_v2_k3", "go0 more pair/nospec", "go0 more pair/fork_k3",
+                      "go1 last pair/nospec", "collect pair/nospec", "go1 last pair/fork_k3", "collect pair/fork_k3"]
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/upstream_k3": "error",
                                                          "pair/fork_k3": "done", "pair/fork_v2_k3": "timeout"}
-    assert reported == [j["name"] for j in jobs]
+    assert sorted(reported) == sorted(j["name"] for j in jobs)

@@ -33,7 +33,9 @@ MODES = ("auto", "torch", "upstream", "check")
 
 
 def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """A function ``hidden_states [T, hidden] -> target token ids [T] int64`` for ``model``, or None.
+    """A function ``hidden_states [T, hidden] -> target token ids [T] int64`` for ``model``, or None. It reads
+    ``model.lm_head``, ``logits_processor`` and ``draft_id_to_target_id`` when called, so it may be made before
+    the proposer shares the target's lm_head with the drafter.
 
     None (upstream's path is kept) when ``KIMI_DRAFT_GREEDY=upstream``, when the drafter has no
     ``draft_id_to_target_id`` (same vocabulary as the target), no ``lm_head``/``logits_processor``, or
@@ -67,7 +69,11 @@ def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tenso
         " (check mode: upstream's ids are used and compared)" if mode == "check" else "")
 
     def greedy(hidden_states: torch.Tensor) -> torch.Tensor:
-        return draft_argmax(processor(lm_head, hidden_states), d2t, backend=backend)
+        # The drafter's modules are read at each call: the proposer loads the drafter, then may replace its
+        # lm_head with the target's (_maybe_share_lm_head: a checkpoint without lm_head weights, or with the
+        # target's); a head bound here would keep the deleted one and give other ids than upstream's.
+        logits = model.logits_processor(model.lm_head, hidden_states)
+        return draft_argmax(logits, model.draft_id_to_target_id, backend=backend)
 
     return GreedyCheck(model, greedy) if mode == "check" else greedy
 
