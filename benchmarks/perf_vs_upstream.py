@@ -43,7 +43,8 @@ output tokens each, EOS ignored), so the batch holds ``c`` sequences from start 
 Engine starts (torch.compile and CUDA-graph capture, a minute or more each, mostly CPU) can overlap:
 ``--parallel-start`` starts all of the pair's engines at once (each with a fixed 2 GiB KV cache and
 ``gpu_memory_utilization`` 0.05, so they fit side by side), waits until all are ready, then lets them measure
-one at a time while the others wait idle. The Kimi slice's engines (about 107 GB each) always start one at a
+one at a time while the others wait idle, in ``--rounds`` interleaved rounds (each concurrency keeps its fastest
+round and lists every round's rate in ``tok_s_rounds``). The Kimi slice's engines (about 107 GB each) always start one at a
 time. On a host with two GPUs, run one model per GPU (``CUDA_VISIBLE_DEVICES``) in two processes and join the
 results with ``--combine``.
 

@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # Rebuilds benchmarks/results/perf_vs_upstream.{json,md,png} from the three result files of the H200 call of
 # 2026-11-30 11:05 UTC (nvidia-h200-x2: the pair on GPU 0 with CPUs 0-15, the Kimi slice on GPU 1 with CPUs
-# 16-31, then the shallow slice on GPU 0). Run from the repository root.
+# 16-31, then the shallow slice on GPU 0). Run from the repository root. The device command was (carrying
+# .kimi/models/trained/{target,drafter,MANIFEST.json}, after the three kit calls):
+#   R=$OUT; export R; KIMI_CALL_LIMIT_S=585 bash benchmarks/gpu_call.sh bash -c 'A="--upstream-site
+#   $KIMI_UPSTREAM_SITE --fork-site $KIMI_SITE --no-chart --reps 3"; P=benchmarks/perf_vs_upstream.py;
+#   (CUDA_VISIBLE_DEVICES=1 taskset -c 16-31 python3 $P $A --ks 3 --v2-ks --models kimi_slice --engines
+#   kimi_slice/nospec kimi_slice/upstream_k3 kimi_slice/fork_k3 kimi_slice/check_k3 --scratch /tmp/ps
+#   --out $R/slice > /tmp/slice.log 2>&1) & CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 $P $A --v2-ks
+#   --no-check --pair .kimi/models/trained --models pair --parallel-start --scratch /tmp/pp --out $R/pair;
+#   CUDA_VISIBLE_DEVICES=0 taskset -c 0-15 python3 $P $A --ks 3 --models kimi_slice --engines
+#   kimi_slice/nospec_shallow --budget-s $((KIMI_BUDGET_S - SECONDS)) --scratch /tmp/pss --out $R/shallow;
+#   wait; ...'
+# (before --rounds existed: each engine measured once).
 set -euo pipefail
 R=benchmarks/results/logs
 python3 benchmarks/perf_vs_upstream.py --combine $R/perf-run2/pair.json $R/perf-run2/slice.json \
