@@ -866,8 +866,15 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args.chart_only.parent, summary)
         return 0
     if args.combine:
+        bad = [item for item in args.invalid if "=" not in item]
+        if bad:
+            parser.error(f"--invalid takes ENGINE=REASON (e.g. kimi_slice/fork_k3=why), got {bad}")
         invalid = dict(item.split("=", 1) for item in args.invalid)
-        write_outputs(args.out, combine([json.loads(path.read_text()) for path in args.combine], invalid, args.note))
+        try:
+            summary = combine([json.loads(path.read_text()) for path in args.combine], invalid, args.note)
+        except ValueError as exc:
+            parser.error(str(exc))
+        write_outputs(args.out, summary)
         return 0
     started = time.monotonic()
     deadline = started + args.budget_s
