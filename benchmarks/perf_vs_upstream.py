@@ -44,9 +44,9 @@ Engine starts (torch.compile and CUDA-graph capture, a minute or more each, most
 ``--parallel-start`` starts all of the pair's engines at once (each with a fixed 2 GiB KV cache and
 ``gpu_memory_utilization`` 0.05, so they fit side by side), waits until all are ready, then lets them measure
 one at a time while the others wait idle, in ``--rounds`` interleaved rounds (each concurrency keeps its fastest
-round and lists every round's rate in ``tok_s_rounds``). The Kimi slice's engines (about 107 GB each) always start one at a
-time. On a host with two GPUs, run one model per GPU (``CUDA_VISIBLE_DEVICES``) in two processes and join the
-results with ``--combine``.
+round and lists every round's rate in ``tok_s_rounds``). The Kimi slice's engines (about 107 GB each) always
+start one at a time. On a host with two GPUs, run one model per GPU (``CUDA_VISIBLE_DEVICES``) in two processes
+and join the results with ``--combine``.
 
 Kimi slice projection to the 61-layer model at TP 8: the per-MoE-layer time ``t_moe`` is the difference of the
 decode step times of the 4- and 3-layer slices (1 dense + 3 or 2 MoE layers); the 61-layer step is
@@ -223,9 +223,9 @@ def step_times(calls: dict[str, list[tuple[int, float]]]) -> dict:
     return out
 
 
-def run_engine(job: dict) -> dict:
+def run_engine(job: dict, result: dict) -> dict:
     """Start one engine, measure every concurrency of ``job`` (in turns when ``job["turn"]`` is set: see
-    :func:`await_turn`), shut it down."""
+    :func:`await_turn`), shut it down. ``result`` is filled as the rounds go (the caller keeps it on an error)."""
     import vllm  # first: the variant's PYTHONPATH decides which vLLM this is
     from vllm import LLM
 
@@ -235,9 +235,10 @@ def run_engine(job: dict) -> dict:
     t0 = time.monotonic()
     llm = LLM(model=job["target"], speculative_config=job["spec"], disable_log_stats=False, **job["engine"])
     v2 = bool(getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False))
-    result = {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__, "start_s": round(time.monotonic() - t0, 1),
-              "engine": _engine_info(llm), "device": _device(), "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"),
-              "runner": "v2" if v2 else "v1", "by_concurrency": {}}
+    result.update({"vllm_version": vllm.__version__, "vllm_file": vllm.__file__,
+                   "start_s": round(time.monotonic() - t0, 1), "engine": _engine_info(llm), "device": _device(),
+                   "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"), "runner": "v2" if v2 else "v1",
+                   "by_concurrency": {}})
     turn = Path(job["turn"]) if job.get("turn") else None
     try:
         if turn is not None:
@@ -324,10 +325,12 @@ def await_turn(turn: Path, rnd: int, timeout_s: float) -> str:
 
 def worker_main(job_path: Path, result_path: Path) -> int:
     job = json.loads(job_path.read_text())
+    partial: dict = {}
     try:
-        result = {"status": "done", **run_engine(job)}
+        result = {"status": "done", **run_engine(job, partial)}
     except Exception:
-        result = {"status": "error", "error": traceback.format_exc()[-4000:]}
+        # the rounds measured before the error stay in the JSON (the engine is not counted)
+        result = {**partial, "status": "error", "error": traceback.format_exc()[-4000:]}
         print(result["error"], flush=True)
     write_atomic(result_path, json.dumps(result))
     return 0 if result["status"] == "done" else 1
@@ -506,8 +509,8 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
     """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
     CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, in
     order, the others waiting idle, for ``--rounds`` rounds (engine by engine, round after round: a drift of the
-    host over minutes then touches every engine alike; each concurrency keeps its fastest round). A round is the
-    last when the time left would not hold another one as long as the previous."""
+    host over minutes then touches every engine alike; each concurrency keeps its fastest round; see
+    :func:`measure_rounds`). Engines not collected when it ends (an error, an interrupt) are killed."""
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each)")
     workers = {job["name"]: Worker(args, job, args.scratch, turn=args.scratch / job["name"].replace("/", "-"),
@@ -528,26 +531,46 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
             runs[job["name"]] = worker.stop("timeout", f"not ready within {time.monotonic() - began:.0f} s")
             report(job)
     live = [job for job in jobs if job["name"] not in runs]
+    try:
+        measure_rounds(args, live, workers, deadline, runs, report)
+    finally:  # never leave an engine holding the GPU (workers run in their own sessions)
+        for job in jobs:
+            if job["name"] not in runs:
+                runs[job["name"]] = workers[job["name"]].stop("error", "orchestrator stopped")
+
+
+def measure_rounds(args: argparse.Namespace, live: list[dict], workers: dict, deadline: float, runs: dict,
+                   report) -> None:
+    """The rounds of :func:`run_parallel` over the engines that are up. A round starts only when the time left
+    holds it (as long as the previous round, plus a margin), so every engine gets the same number of rounds;
+    otherwise the engines are told to stop and keep what they measured. An engine that dies or overruns a
+    round is collected with what it wrote."""
     last_round_s = 0.0
     for rnd in range(args.rounds):
         round_began = time.monotonic()
-        final = rnd == args.rounds - 1 or deadline - round_began < 40 + 1.2 * last_round_s
-        for job in [j for j in live if j["name"] not in runs]:
-            worker = workers[job["name"]]
-            if deadline - time.monotonic() < 40:
-                worker.go(rnd, "stop")  # keeps what it measured in the rounds before
-                runs[job["name"]] = worker.collect(60.0)
+        active = [j for j in live if j["name"] not in runs]
+        if rnd > 0 and deadline - round_began < 40 + 1.2 * last_round_s:
+            for job in active:
+                workers[job["name"]].go(rnd, "stop")
+            for job in active:
+                runs[job["name"]] = workers[job["name"]].collect(max(1.0, deadline - time.monotonic()))
                 report(job)
-                continue
+            return
+        final = rnd == args.rounds - 1
+        for job in active:
+            worker = workers[job["name"]]
             log(f"{job['name']}: measuring (round {rnd + 1}{', last' if final else ''})")
             worker.go(rnd, "last" if final else "more")
-            limit = min(args.job_timeout_s, deadline - time.monotonic())
-            if final or not worker.wait_round(rnd, limit):
+            limit = max(1.0, min(args.job_timeout_s, deadline - time.monotonic()))
+            if final:
                 runs[job["name"]] = worker.collect(limit)
-                report(job)
+            elif not worker.wait_round(rnd, limit):
+                worker.go(rnd + 1, "stop")  # it may still finish this round; then it stops with it
+                runs[job["name"]] = worker.collect(max(1.0, deadline - time.monotonic()))
+            else:
+                continue
+            report(job)
         last_round_s = time.monotonic() - round_began
-        if final:
-            break
 
 
 def _ratio(a, b) -> float | None:
@@ -601,6 +624,7 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
                 if up_c.get("steps", {}).get("draft_per_token_ms") else None,
                 "ideal_speedup": round(ideal, 3) if ideal else None,
                 "fork_runner": result.get("runner"),
+                "rounds": [len(e.get("tok_s_rounds", [None])) for e in (fork_c, up_c) if e],  # fork, upstream
                 "fork_v2_tok_s": tok_s(v2_c), "fork_v2_vs_upstream": _ratio(v2_c.get("tok_s"), up_c.get("tok_s")),
                 "tau_v2": round(v2_c["tau"], 3) if v2_c.get("tau") else None,
             })
@@ -619,15 +643,18 @@ def projection(runs: dict[str, dict], rows: list[dict]) -> dict:
         c = str(row["concurrency"])
         t_deep = deep["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
         t_shallow = shallow["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
-        # a fork engine marked invalid: upstream's draft step instead
-        t_draft = row.get("t_draft_ms_upstream") if row.get("invalid") else row["t_draft_ms"]
-        if not (t_deep and t_shallow and row["t_verify_ms"] and t_draft):
+        # a fork engine marked invalid: upstream's verification and draft steps instead
+        t_verify, t_draft = row["t_verify_ms"], row["t_draft_ms"]
+        if row.get("invalid"):
+            up = runs.get(f"kimi_slice/upstream_k{row['k']}", {}).get("by_concurrency", {}).get(c, {})
+            t_verify, t_draft = up.get("steps", {}).get("target_ms"), row.get("t_draft_ms_upstream")
+        if not (t_deep and t_shallow and t_verify and t_draft):
             continue
         t_moe = t_deep - t_shallow
         moe_here, moe_full = SPEC_LAYERS - 1, FULL_LAYERS - 1
         one_gpu = t_deep + (moe_full - moe_here) * t_moe
         tp8 = t_deep - moe_here * t_moe + moe_full * t_moe / 8
-        verify_ratio = row["t_verify_ms"] / t_deep
+        verify_ratio = t_verify / t_deep
         k = row["k"]
         spent = verify_ratio * tp8 + k * t_draft
         out[f"c{c}_k{k}"] = {"t_moe_layer_ms": round(t_moe, 4), "t_target_61_1gpu_ms": round(one_gpu, 3),
@@ -812,8 +839,8 @@ def combine(parts: list[dict], invalid: dict[str, str] | None = None, notes: lis
             raise ValueError(f"--invalid {engine}: no rows of that engine")
         for row in hit:
             row["invalid"] = why
-    # the projection's two depths may come from different calls
-    merged["projection"] = projection(merged["runs"], rows) or merged["projection"]
+    # the projection's two depths may come from different calls; recomputed, so an invalid engine's steps go
+    merged["projection"] = projection(merged["runs"], rows)
     merged["notes"] = [n for part in parts for n in part.get("notes", [])] + list(notes or [])
     return {**first, **merged, "rows": rows, "goal": goal(rows),
             "command": " ; ".join(part["command"] for part in parts),
@@ -885,6 +912,8 @@ def main(argv: list[str] | None = None) -> int:
                     "enable_prefix_caching": False} if args.cpu_smoke else
                    {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "enable_prefix_caching": False,
                     "max_num_seqs": max(args.concurrency)})
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
     if not args.upstream_site or not args.fork_site:

@@ -146,7 +146,8 @@ def test_results_of_two_calls_combine_and_different_devices_do_not() -> None:
              "rows": [{"model": "kimi_slice", "k": 3, "concurrency": 4, "fork_vs_upstream": 0.99}]}
     both = perf.combine([part, other])
     assert [r["model"] for r in both["rows"]] == ["kimi_slice", "pair"]
-    assert set(both["runs"]) == {"pair/fork_k3", "kimi_slice/fork_k3"} and both["projection"] == {"c4_k3": {}}
+    assert set(both["runs"]) == {"pair/fork_k3", "kimi_slice/fork_k3"}
+    assert both["projection"] == {}  # recomputed from the joined runs, which hold no step times here
     assert both["goal"]["min_anywhere"] == 0.99 and both["command"] == "a ; b" and both["seconds"] == 20
     with pytest.raises(ValueError, match="cannot combine"):
         perf.combine([part, {**other, "device": "B200"}])
@@ -170,6 +171,16 @@ def test_combine_marks_invalid_engines_out_of_the_goal(tmp_path: Path) -> None:
     text = (tmp_path / "perf_vs_upstream.md").read_text()
     assert "- kimi_slice/fork_k3: not counted: stale head" in text and "- seen twice" in text
     assert "| 0.5 (not counted) |" in text
+
+
+def test_projection_of_an_invalid_fork_engine_takes_upstreams_steps() -> None:
+    runs = {"kimi_slice/nospec": _result(1.0, None, 10.0), "kimi_slice/nospec_shallow": _result(1.0, None, 8.0),
+            "kimi_slice/upstream_k3": _result(1.0, 1.0, 15.0, 2.0)}
+    row = {"model": "kimi_slice", "concurrency": 4, "k": 3, "t_verify_ms": 12.0, "t_draft_ms": 1.0,
+           "t_draft_ms_upstream": 2.0, "invalid": "why"}
+    p = perf.projection(runs, [row])["c4_k3"]
+    tp8 = p["t_target_61_tp8_ms"]
+    assert p["t_draft_ms"] == 2.0 and p["t_verify_61_tp8_ms"] == pytest.approx(1.5 * tp8, abs=1e-3)
 
 
 def test_combine_projects_the_slice_from_depths_measured_in_different_calls() -> None:
@@ -271,7 +282,8 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
             events.append(f"go{rnd} {order} {self.name}")
 
         def wait_round(self, rnd: int, limit: float) -> bool:
-            return True
+            events.append(f"wait{rnd} {self.name}")
+            return self.kind != "overruns"
 
         def collect(self, limit: float) -> dict:
             events.append(f"collect {self.name}")
@@ -288,8 +300,39 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     runs: dict = {}
     reported: list[str] = []
     perf.run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
-    assert events == ["collect pair/upstream_k3", "stop pair/fork_v2_k3", "go0 more pair/nospec", "go0 more pair/fork_k3",
-                      "go1 last pair/nospec", "collect pair/nospec", "go1 last pair/fork_k3", "collect pair/fork_k3"]
+    assert events == ["collect pair/upstream_k3", "stop pair/fork_v2_k3", "go0 more pair/nospec", "wait0 pair/nospec",
+                      "go0 more pair/fork_k3", "wait0 pair/fork_k3", "go1 last pair/nospec", "collect pair/nospec",
+                      "go1 last pair/fork_k3", "collect pair/fork_k3"]
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/upstream_k3": "error",
                                                          "pair/fork_k3": "done", "pair/fork_v2_k3": "timeout"}
     assert sorted(reported) == sorted(j["name"] for j in jobs)
+
+    # an engine that overruns a round is told to stop at the next one and collected; with too little time left
+    # for another round, every engine is told to stop (the same number of rounds for all)
+    events.clear()
+    jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/fork_k3", "fake": "overruns"}]
+    workers = {j["name"]: FakeWorker(args, j, tmp_path, turn=tmp_path, cache="c", threads=1) for j in jobs}
+    runs = {}
+    perf.measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5), jobs, workers, time.monotonic() + 30, runs,
+                        lambda job: None)
+    assert events == ["go0 more pair/nospec", "wait0 pair/nospec", "go0 more pair/fork_k3", "wait0 pair/fork_k3",
+                      "go1 stop pair/fork_k3", "collect pair/fork_k3", "go1 stop pair/nospec", "collect pair/nospec"]
+
+
+@pytest.mark.install
+def test_parallel_start_rounds_with_real_engines(tmp_path: Path, trained_pair: Path) -> None:
+    """The file protocol between the orchestrator and real workers (CPU, the trained pair): two engines start
+    at once, each is measured in two interleaved rounds, both finish with every round's rate kept."""
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_vs_upstream.py"), "--cpu-smoke",
+                          "--fork-site", str(ROOT), "--pair", str(trained_pair), "--models", "pair", "--ks", "3",
+                          "--engines", "pair/nospec", "pair/fork_k3", "--parallel-start", "--rounds", "2",
+                          "--concurrency", "2", "--tokens", "4", "--reps", "1", "--no-chart",
+                          "--scratch", str(tmp_path / "scratch"), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    runs = json.loads((out / "perf_vs_upstream.json").read_text())["runs"]
+    assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
+    assert [len(r["by_concurrency"]["2"]["tok_s_rounds"]) for r in runs.values()] == [2, 2]
+    assert "round 2, last" in run.stdout
