@@ -108,3 +108,43 @@ def test_rehearsal_of_the_three_device_calls_with_the_real_kit(tmp_path: Path) -
     assert f"SITES {tmp_path / 'site'} {tmp_path / 'upstream'}" in command.stdout, command.stdout[-3000:]
     steps = [s["step"] for s in json.loads((tmp_path / "out10" / "gpu_call.json").read_text())["steps"]]
     assert steps[-1] == "command" and "gpu_e2e" not in steps
+
+
+def test_perf_two_gpus_runs_each_model_on_its_gpu_and_cpu_half(tmp_path: Path) -> None:
+    """benchmarks/perf_two_gpus.sh with a fake python that records each run: the slice on GPU 1 and the second
+    half of the CPUs, the pair on GPU 0 and the first half with --parallel-start, then the shallow slice on
+    GPU 0 with the time left; the caller's arguments reach every run; gpu_call.sh's logs folder ends in the
+    archive."""
+    fake = tmp_path / "python"
+    record = tmp_path / "runs.txt"
+    fake.write_text(f"#!/usr/bin/env bash\necho \"$CUDA_VISIBLE_DEVICES $(taskset -pc $$ | sed 's/.*: //') $*\" "
+                    f">> {record}\necho 'perf [00:00:00] fake run'\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "kit-install.log").write_text("kit\n")
+    env = {**os.environ, "R": str(out), "KIMI_PYTHON": str(fake), "KIMI_SITE": "/s", "KIMI_UPSTREAM_SITE": "/u",
+           "KIMI_BUDGET_S": "500", "PERF_SCRATCH": str(tmp_path / "scratch")}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "perf_two_gpus.sh"), "--rounds", "3"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = sorted(record.read_text().splitlines())  # the slice runs alongside: order by GPU, then kind
+    cpus = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    half = max(1, cpus // 2)
+    first, second = set(range(half)), set(range(half, cpus)) if cpus > 1 else {0}
+
+    def pinned(line: str) -> tuple[str, set[int]]:  # (GPU, CPUs) of a recorded run; taskset -pc prints 0-3,5
+        gpu, cpu_list = line.split()[:2]
+        ranges = [part.split("-") for part in cpu_list.split(",")]
+        return gpu, {c for r in ranges for c in range(int(r[0]), int(r[-1]) + 1)}
+
+    pair = next(line for line in lines if "--models pair" in line)
+    slice_ = next(line for line in lines if "--models kimi_slice" in line and "nospec_shallow" not in line)
+    shallow = next(line for line in lines if "nospec_shallow" in line)
+    assert pinned(pair) == ("0", first) and "--parallel-start" in pair
+    assert pinned(slice_) == ("1", second) and "kimi_slice/check_k3" in slice_
+    assert pinned(shallow) == ("0", first) and "--budget-s" in shallow
+    assert all("--rounds 3" in line and "--upstream-site /u --fork-site /s" in line for line in (pair, slice_, shallow))
+    assert not (out / "logs").exists()
+    listed = subprocess.run(["tar", "tzf", str(out / "logs.tgz")], capture_output=True, text=True).stdout
+    assert "kit-install.log" in listed
