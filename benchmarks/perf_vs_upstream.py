@@ -424,14 +424,18 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
 
 class Worker:
     """One engine's worker process (``--worker JOB RESULT``), its log in the scratch folder (a device call brings
-    back only a few files from --out; a failed engine's tail goes into the JSON)."""
+    back only a few files from --out; a failed engine's tail goes into the JSON). With ``parallel`` it measures
+    in turns (:func:`await_turn`; files ``<engine>.ready/.go<r>/.done<r>`` in the scratch folder) and compiles
+    into a cache of its own; ``threads`` caps inductor's compile threads."""
 
-    def __init__(self, args: argparse.Namespace, job: dict, scratch: Path, turn: Path | None = None,
-                 cache: str | None = None, threads: int | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, job: dict, scratch: Path, parallel: bool = False,
+                 threads: int | None = None) -> None:
         name = job["name"].replace("/", "-")
         self.job, self.began = job, time.monotonic()
         job_path, self.result_path = scratch / f"{name}.job.json", scratch / f"{name}.result.json"
-        self.log_path, self.turn = scratch / f"{name}.log", turn
+        self.log_path = scratch / f"{name}.log"
+        turn = self.turn = scratch / name if parallel else None
+        cache = f"vllm-cache-{name}" if parallel else None
         if turn is not None:
             for old in (turn.with_suffix(".ready"), *scratch.glob(f"{turn.name}.go*"),
                         *scratch.glob(f"{turn.name}.done*")):
@@ -513,9 +517,7 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
     :func:`measure_rounds`). Engines not collected when it ends (an error, an interrupt) are killed."""
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each)")
-    workers = {job["name"]: Worker(args, job, args.scratch, turn=args.scratch / job["name"].replace("/", "-"),
-                                   cache=f"vllm-cache-{job['name'].replace('/', '-')}", threads=threads)
-               for job in jobs}
+    workers = {job["name"]: Worker(args, job, args.scratch, parallel=True, threads=threads) for job in jobs}
     began = time.monotonic()
     waiting = set(workers)
     while waiting and time.monotonic() < min(deadline - 40, began + args.job_timeout_s):

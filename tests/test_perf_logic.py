@@ -270,9 +270,9 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     events: list[str] = []
 
     class FakeWorker:
-        def __init__(self, args, job, scratch, turn=None, cache=None, threads=None) -> None:
+        def __init__(self, args, job, scratch, parallel=False, threads=None) -> None:
             self.name, self.kind = job["name"], job["fake"]
-            assert turn is not None and cache and threads >= 1
+            assert parallel and threads >= 1
             self.proc = argparse.Namespace(poll=lambda: 1 if self.kind == "dies" else None)
 
         def ready(self) -> bool:
@@ -311,7 +311,7 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     # for another round, every engine is told to stop (the same number of rounds for all)
     events.clear()
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/fork_k3", "fake": "overruns"}]
-    workers = {j["name"]: FakeWorker(args, j, tmp_path, turn=tmp_path, cache="c", threads=1) for j in jobs}
+    workers = {j["name"]: FakeWorker(args, j, tmp_path, parallel=True, threads=1) for j in jobs}
     runs = {}
     perf.measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5), jobs, workers, time.monotonic() + 30, runs,
                         lambda job: None)
