@@ -24,7 +24,9 @@ cpus=$(nproc)
 half=$(( cpus / 2 > 0 ? cpus / 2 : 1 ))
 first="0-$(( half - 1 ))"
 second="$(( cpus > 1 ? half : 0 ))-$(( cpus - 1 ))"
-common=(--upstream-site "${KIMI_UPSTREAM_SITE:?}" --fork-site "${KIMI_SITE:?}" --no-chart "$@")
+: "${KIMI_SITE:?and KIMI_UPSTREAM_SITE: run this through benchmarks/gpu_call.sh, which sets them}"
+: "${KIMI_UPSTREAM_SITE:?run this through benchmarks/gpu_call.sh, which sets it}"
+common=(--upstream-site "$KIMI_UPSTREAM_SITE" --fork-site "$KIMI_SITE" --no-chart "$@")
 slice_engines=${PERF_SLICE_ENGINES:-kimi_slice/nospec kimi_slice/upstream_k3 kimi_slice/fork_k3 kimi_slice/check_k3}
 scratch=${PERF_SCRATCH:-/tmp/perf_two_gpus}
 mkdir -p "$R" "$scratch"
