@@ -15,12 +15,13 @@ For each model, engines run one at a time, each in its own process with its own 
   CUDA graphs (vLLM RFC 45258);
 * ``fork_k{k}``: the fork with the same drafter and k, as it runs by default: greedy drafts from the draft
   vocabulary (patch 0009, ``KIMI_DRAFT_GREEDY=auto``, with the fork's draft-head kernel where
-  ``KIMI_DRAFT_HEAD_LIB`` is set), V1 runner;
-* ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork on vLLM's V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``),
-  whose drafting loop (forward, logits, sampling) is captured in CUDA graphs (patch 0009's hook is V1's; V2
-  takes the full-vocabulary argmax). No step times there (the loop is one graph);
-* ``check_k3``: the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
-  patch 0009 against upstream's, counted on the device).
+  ``KIMI_DRAFT_HEAD_LIB`` is set), vLLM's V2 model runner (patch 0013), whose drafting loop (forward, logits,
+  sampling) is captured in FULL CUDA graphs. No step times there (the loop is one graph);
+* ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``): the
+  fork before patch 0013; ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork with ``VLLM_USE_V2_MODEL_RUNNER=1``
+  (results from before patch 0013, when the fork's default was V1);
+* ``check_k3``: the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
+  patch 0009 against upstream's, counted on the device; the count needs V1, see ``kimi/drafter/greedy.py``).
 
 Models: ``pair``, the trained reference pair (``kimi models train-pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
 a Kimi-K2-dimension slice with random weights (``kimi.models.kimi_slice``; k = 3) plus a shallower slice
@@ -36,9 +37,10 @@ output tokens each, EOS ignored), so the batch holds ``c`` sequences from start 
 * step times from a separate timed pass (each call below between two device synchronizations, so they hold
   the GPU time plus launch overhead and exclude the scheduler): ``t_target_ms`` the target's forward + logits
   on the decode batch of the ``nospec`` engine; ``t_verify_ms`` the same on the verification batch
-  (``c (k + 1)`` tokens) of the fork's engine (else ``upstream_k{k}``); ``t_draft_ms`` the drafter's forward passes
-  plus its draft heads per draft token, same engine. ``ideal_speedup = tau * t_target / (t_verify + k *
-  t_draft)`` with the fork's tau (EAGLE-3's bound with no overhead outside the forward passes).
+  (``c (k + 1)`` tokens) of the fork's engine (else ``fork_v1_k{k}``, else ``upstream_k{k}``); ``t_draft_ms``
+  the drafter's forward passes plus its draft heads per draft token, same engine. ``ideal_speedup = tau *
+  t_target / (t_verify + k * t_draft)`` with the fork's tau (EAGLE-3's bound with no overhead outside the
+  forward passes).
 
 Engine starts (torch.compile and CUDA-graph capture, a minute or more each, mostly CPU) can overlap:
 ``--parallel-start`` starts all of the pair's engines at once (each with a fixed 2 GiB KV cache and
@@ -341,7 +343,8 @@ def worker_main(job_path: Path, result_path: Path) -> int:
 def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
          slice_dirs: dict[str, str] | None) -> list[dict]:
     """The engines to run, in order (those named by ``--engines`` only, when given). Per model: the baseline,
-    then by k (3 first) upstream and fork (and the fork on V2 where k is in ``--v2-ks``), the check engine after
+    then by k (3 first) upstream and fork (and the fork held on a runner where k is in ``--v1-ks`` / ``--v2-ks``),
+    the check engine after
     k = 3; for the slice the shallower baseline of the projection comes right after the first fork engine."""
     base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps}
     if not args.cpu_smoke:
@@ -381,15 +384,16 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
 
 
 def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
-    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v2_k{k}``), and
+    """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v1_k{k}``,
+    ``fork_v2_k{k}``), and
     ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency: does patch 0009 give
     upstream's draft ids on this device?) after k = 3."""
     model = common["model"]
     jobs = [{**common, "name": f"{model}/nospec", "variant": "nospec", "k": 0, "spec": None}]
-    v2 = [] if args.cpu_smoke else args.v2_ks  # the V2 runner needs triton (CUDA)
+    held = {"fork_v1": args.v1_ks, "fork_v2": [] if args.cpu_smoke else args.v2_ks}  # V2 needs triton (CUDA)
     for k in sorted(ks, key=lambda k: (k != 3, k)):
         spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-        variants = ("upstream", "fork", *(("fork_v2",) if k in v2 else ()))
+        variants = ("upstream", "fork", *(v for v, held_ks in held.items() if k in held_ks))
         for variant in variants:
             jobs.append({**common, "name": f"{model}/{variant}_k{k}", "variant": variant, "k": k, "spec": spec})
         if k == 3 and args.check:
@@ -398,8 +402,9 @@ def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[in
     return jobs
 
 
-#: ``VLLM_USE_V2_MODEL_RUNNER`` per variant; the others take their vLLM's default runner (V1 for these targets).
-RUNNER_ENV = {"fork_v2": "1"}
+#: ``VLLM_USE_V2_MODEL_RUNNER`` per variant held on a runner; the others take their vLLM's default runner (the
+#: fork: V2 for these targets, patch 0013; upstream: V1). The check engine is held on V1 (its count needs it).
+RUNNER_ENV = {"fork_v1": "0", "fork_v2": "1"}
 
 
 def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str | None = None) -> dict:
@@ -417,8 +422,9 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     env["VLLM_CACHE_ROOT"] = str(scratch / (cache or ("vllm-cache-upstream" if upstream else "vllm-cache-fork")))
     env["KIMI_DRAFT_GREEDY"] = "upstream" if upstream else (job.get("greedy") or args.fork_greedy)
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    if job["variant"] in RUNNER_ENV:
-        env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNER_ENV[job["variant"]]
+    runner = "fork_v1" if job.get("greedy") == "check" else job["variant"]
+    if runner in RUNNER_ENV:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNER_ENV[runner]
     return env
 
 
@@ -582,8 +588,9 @@ def _ratio(a, b) -> float | None:
 def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
     """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields).
 
-    ``fork_*`` is the fork as it runs by default, ``fork_v2_*`` the fork on vLLM's V2 runner. Step times
-    (``t_verify_ms``, ``t_draft_ms``) come from the fork's engine, else upstream's (``steps_from``).
+    ``fork_*`` is the fork as it runs by default, ``fork_v1_*`` / ``fork_v2_*`` the fork held on vLLM's V1 / V2
+    runner. Step times (``t_verify_ms``, ``t_draft_ms``) come from the fork's engine, else the fork's on V1, else
+    upstream's (``steps_from``); V2 engines have none.
     """
     out = []
     done = {j["name"]: (j, runs[j["name"]]) for j in jobs if runs.get(j["name"], {}).get("status") == "done"}
@@ -600,8 +607,9 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
         model, k = job["model"], job["k"]
         for c, fork_c in result["by_concurrency"].items():
             up_c, base_c = at(f"{model}/upstream_k{k}", c), at(f"{model}/nospec", c)
-            v2_c = at(f"{model}/fork_v2_k{k}", c)
-            steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("upstream", up_c))
+            held = {runner: at(f"{model}/fork_{runner}_k{k}", c) for runner in ("v1", "v2")}
+            steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("fork_v1", held["v1"]),
+                                                                  ("upstream", up_c))
                                       if e.get("steps", {}).get("draft_per_token_ms")), (None, {}))
             t_target = base_c.get("steps", {}).get("target_ms")
             t_verify, t_draft, tau = steps.get("target_ms"), steps.get("draft_per_token_ms"), fork_c.get("tau")
@@ -627,9 +635,11 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
                 "ideal_speedup": round(ideal, 3) if ideal else None,
                 "fork_runner": result.get("runner"),
                 "rounds": [len(e.get("tok_s_rounds", [None])) for e in (fork_c, up_c) if e],  # fork, upstream
-                "fork_v2_tok_s": tok_s(v2_c), "fork_v2_vs_upstream": _ratio(v2_c.get("tok_s"), up_c.get("tok_s")),
-                "tau_v2": round(v2_c["tau"], 3) if v2_c.get("tau") else None,
             })
+            for runner, e in held.items():
+                out[-1].update({f"fork_{runner}_tok_s": tok_s(e),
+                                f"fork_{runner}_vs_upstream": _ratio(e.get("tok_s"), up_c.get("tok_s")),
+                                f"tau_{runner}": round(e["tau"], 3) if e.get("tau") else None})
     return sorted(out, key=lambda r: (r["model"], r["k"], r["concurrency"]))
 
 
@@ -703,6 +713,8 @@ def goal(rows: list[dict]) -> dict:
 
 def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     write_atomic(out / "perf_vs_upstream.json", json.dumps(summary, indent=2) + "\n")
+    # the held-runner columns (fork_v1, fork_v2) that some row has
+    held = [h for h in ("v1", "v2") if any(r.get(f"fork_{h}_tok_s") for r in summary["rows"])]
     settings, versions = summary["settings"], summary["versions"]
     lines = ["# Fork versus upstream vLLM on one GPU (issue G)", "",
              f"- command: `{summary['command']}`", f"- date: {summary['date']}", f"- hardware: {summary['device']}",
@@ -713,15 +725,16 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
              f"- goal: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16: {summary['goal']}", "",
              ("| model | c | k | fork tok/s (runner) | upstream tok/s | no-spec tok/s | fork/upstream | fork/no-spec "
               "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "
-              "| fork on V2 tok/s (/ upstream) | tau on V2 |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              + "".join(f"| fork on {r.upper()} tok/s (/ upstream) | tau on {r.upper()} " for r in held) + "|"),
+             "|---" * (13 + 2 * len(held)) + "|"]
     for r in summary["rows"]:
         ratio = f"{r['fork_vs_upstream']}{' (not counted)' if r.get('invalid') else ''}"
         lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} ({r.get('fork_runner')}) "
                      f"| {r['upstream_tok_s']} | {r['nospec_tok_s']} | {ratio} | {r['fork_vs_nospec']} "
                      f"| {r['tau']} | {r['t_target_ms']} | {r['t_verify_ms']} "
                      f"| {r['t_draft_ms']} ({r.get('steps_from')}) / {r['t_draft_ms_upstream']} | {r['ideal_speedup']} "
-                     f"| {r.get('fork_v2_tok_s')} ({r.get('fork_v2_vs_upstream')}) | {r.get('tau_v2')} |")
+                     + "".join(f"| {r.get(f'fork_{h}_tok_s')} ({r.get(f'fork_{h}_vs_upstream')}) | {r.get(f'tau_{h}')} "
+                               for h in held) + "|")
     invalid = {f"{r['model']}/fork_k{r['k']}": r["invalid"] for r in summary["rows"] if r.get("invalid")}
     if invalid or summary.get("notes"):
         lines += ["", "Notes:", ""] + [f"- {engine}: not counted: {why}" for engine, why in invalid.items()]
@@ -767,7 +780,8 @@ def draw_chart(summary: dict, path: Path) -> bool:
         # fixed colours: a series missing from one panel does not shift the others
         for key, label, style in (("fork_tok_s", "fork", "C0o-"), ("upstream_tok_s", "upstream 0.26.0", "C1s--"),
                                   ("nospec_tok_s", "no speculation", "C2^:"),
-                                  ("fork_v2_tok_s", "fork on vLLM's V2 model runner", "C3d-.")):
+                                  ("fork_v1_tok_s", "fork held on vLLM's V1 model runner", "C4v-."),
+                                  ("fork_v2_tok_s", "fork held on vLLM's V2 model runner", "C3d-.")):
             points = [(r["concurrency"], r.get(key)) for r in rows
                       if r.get(key) and not (key.startswith("fork") and r.get("invalid"))]
             if points:
@@ -860,8 +874,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))
     parser.add_argument("--slice-ks", type=int, nargs="+", default=list(SLICE_KS))
-    parser.add_argument("--v2-ks", type=int, nargs="*", default=[3],
-                        help="k values where the fork also runs on vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)")
+    parser.add_argument("--v1-ks", type=int, nargs="*", default=[3],
+                        help="k values where the fork also runs held on vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=0)")
+    parser.add_argument("--v2-ks", type=int, nargs="*", default=[],
+                        help="k values where the fork also runs held on vLLM's V2 runner (VLLM_USE_V2_MODEL_RUNNER=1)")
     parser.add_argument("--engines", nargs="+", metavar="NAME",
                         help="run only these engines of the plan (e.g. kimi_slice/nospec_shallow)")
     parser.add_argument("--parallel-start", action="store_true",

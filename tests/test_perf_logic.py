@@ -46,6 +46,7 @@ def _jobs(model: str = "pair", k: int = 3) -> list[dict]:
             {"name": f"{model}/fork_k{k}", "model": model, "variant": "fork", "k": k, "spec": spec},
             {"name": f"{model}/check_k{k}", "model": model, "variant": "fork", "greedy": "check", "k": k,
              "spec": spec},
+            {"name": f"{model}/fork_v1_k{k}", "model": model, "variant": "fork_v1", "k": k, "spec": spec},
             {"name": f"{model}/fork_v2_k{k}", "model": model, "variant": "fork_v2", "k": k, "spec": spec}]
 
 
@@ -63,13 +64,20 @@ def test_rows_ratios_and_ideal_speedup() -> None:
     assert goal["pair_k3_c1_16_met"] and goal["floor_met"] and goal["min_anywhere"] == 1.1
 
 
-def test_v2_runner_columns_and_step_times_from_upstream_when_the_fork_has_none() -> None:
+def test_held_runner_columns_and_step_times_when_the_fork_has_none() -> None:
+    """The fork on V2 (patch 0013) has no step times: they come from the fork held on V1, else from upstream."""
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
-            "pair/fork_k3": _result(190.0, 2.6, None), "pair/fork_v2_k3": _result(270.0, 2.1, None, runner="v2")}
+            "pair/fork_k3": _result(270.0, 2.6, None, runner="v2"), "pair/fork_v2_k3": _result(260.0, 2.1, None)}
     row = perf.rows_of(runs, _jobs())[0]
     assert (row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("upstream", 2.4, 0.5)
     assert row["ideal_speedup"] == pytest.approx(2.6 * 2.0 / (2.4 + 3 * 0.5), abs=1e-3)  # the fork's tau
-    assert (row["fork_v2_tok_s"], row["fork_v2_vs_upstream"], row["tau_v2"]) == (270.0, 1.5, 2.1)
+    assert (row["fork_v2_tok_s"], row["fork_v2_vs_upstream"], row["tau_v2"]) == (260.0, 1.4444, 2.1)
+    assert (row["fork_v1_tok_s"], row["fork_v1_vs_upstream"], row["tau_v1"]) == (None, None, None)
+    runs["pair/fork_v1_k3"] = _result(170.0, 2.9, 2.2, 0.45)
+    row = perf.rows_of(runs, _jobs())[0]
+    assert (row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("fork_v1", 2.2, 0.45)
+    assert (row["fork_v1_tok_s"], row["fork_v1_vs_upstream"], row["tau_v1"]) == (170.0, 0.9444, 2.9)
+    assert row["fork_runner"] == "v2"
 
 
 def test_goal_fails_below_the_floor() -> None:
@@ -211,18 +219,19 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     import argparse
 
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[1, 3], slice_ks=[3],
-                              v2_ks=[3], check=True, engine={}, pair=tmp_path, slice_tokens=4, slice_kv_gib=1,
-                              engines=None)
+                              v1_ks=[3], v2_ks=[1], check=True, engine={}, pair=tmp_path, slice_tokens=4,
+                              slice_kv_gib=1, engines=None)
     jobs = perf.plan(args, [[1, 2]], None)
-    assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v2_k3",
-                                         "pair/check_k3", "pair/upstream_k1", "pair/fork_k1"]
+    assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v1_k3",
+                                         "pair/check_k3", "pair/upstream_k1", "pair/fork_k1", "pair/fork_v2_k1"]
     assert args.engine["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
     assert {j["engine"]["gpu_memory_utilization"] for j in jobs} == {0.05}  # side by side at --parallel-start
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # not inherited: each variant sets or clears it
     env_args = argparse.Namespace(upstream_site=tmp_path, fork_site=tmp_path, fork_greedy="auto")
     runner = {j["name"]: perf.variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
-    assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v2_k3": "1",
-                      "pair/check_k3": None, "pair/upstream_k1": None, "pair/fork_k1": None}
+    # the fork runs as it does by default; held variants and the check engine (its count needs V1) set it
+    assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v1_k3": "0",
+                      "pair/check_k3": "0", "pair/upstream_k1": None, "pair/fork_k1": None, "pair/fork_v2_k1": "1"}
     args.engines = ["pair/fork_k1", "pair/nospec"]
     assert [j["name"] for j in perf.plan(args, [[1, 2]], None)] == ["pair/nospec", "pair/fork_k1"]
     args.engines = ["pair/fork_k9"]
@@ -234,11 +243,12 @@ def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_pat
     import argparse
 
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[3], slice_ks=[3],
-                              v2_ks=[3], check=True, engine={}, slice_tokens=4, slice_kv_gib=1, engines=None)
+                              v1_ks=[3], v2_ks=[], check=True, engine={}, slice_tokens=4, slice_kv_gib=1,
+                              engines=None)
     dirs = kimi_slice.write_slice(tmp_path, layers=(3, 4))
     names = [j["name"] for j in perf.plan(args, None, dirs)]
     assert names == ["kimi_slice/nospec", "kimi_slice/upstream_k3", "kimi_slice/fork_k3", "kimi_slice/nospec_shallow",
-                     "kimi_slice/fork_v2_k3", "kimi_slice/check_k3"]
+                     "kimi_slice/fork_v1_k3", "kimi_slice/check_k3"]
 
 
 def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:

@@ -6,12 +6,15 @@ draft step and the proposer takes the argmax there (163840 wide for Kimi, for 32
 The same ids come from the argmax over the draft vocabulary followed by ``target = draft + d2t[draft]``
 (EAGLE-3's ``d2t`` offsets), which :func:`kimi.kernels.draft_head.draft_argmax` computes in one pass
 (the fork's CUDA kernel where it is built, torch otherwise). Ties: both pick the lowest draft id,
-which is the lowest target id because ``d2t`` maps draft ids to increasing target ids.
+which is the lowest target id because ``d2t`` maps draft ids to increasing target ids. Both of vLLM's
+model runners call it: V1's proposer (``SpecDecodeBaseProposer._greedy_sample``,
+``vllm/v1/spec_decode/llm_base_proposer.py``) and V2's speculator (``_greedy_sample_draft``,
+``vllm/v1/worker/gpu/spec_decode/speculator.py``), whose drafting loop is captured in CUDA graphs.
 
 Only the greedy path changes; sampled drafts (``temperature > 0`` with probabilistic draft probs)
 keep upstream's full-vocabulary logits. ``KIMI_DRAFT_GREEDY`` picks the path: ``auto`` (default: the kernel
 on CUDA when built, else torch), ``torch``, ``upstream`` (the hook is off), or ``check``: upstream's ids are
-used and the hook's are compared with them at every draft step (:class:`GreedyCheck`).
+used and the hook's are compared with them at every draft step (:class:`GreedyCheck`; V1 runner only).
 
 On by default since the H200 check of 2026-11-30 (``benchmarks/results/perf_vs_upstream.md``: trained pair,
 bf16, CUDA graphs, k = 3, 64 requests): 39882 draft rows compared, 0 mismatched. An earlier H200 run
@@ -32,7 +35,8 @@ MODE_ENV = "KIMI_DRAFT_GREEDY"
 MODES = ("auto", "torch", "upstream", "check")
 
 
-def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
+                 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A function ``hidden_states [T, hidden] -> target token ids [T] int64`` for ``model``, or None. It reads
     ``model.lm_head``, ``logits_processor`` and ``draft_id_to_target_id`` when called, so it may be made before
     the proposer shares the target's lm_head with the drafter.
@@ -41,12 +45,20 @@ def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tenso
     ``draft_id_to_target_id`` (same vocabulary as the target), no ``lm_head``/``logits_processor``, or
     runs with tensor parallelism (upstream's ``use_local_argmax_reduction`` covers that case).
 
+    ``in_cuda_graph``: the caller captures the function in a CUDA graph (vLLM's V2 model runner,
+    ``vllm/v1/worker/gpu/spec_decode/speculator.py``): the kernel is launched once here, so that its module
+    is loaded before capture (:func:`kimi.kernels.draft_head.warm_up`).
+
     Raises:
-        ValueError: ``KIMI_DRAFT_GREEDY`` is not one of :data:`MODES`.
+        ValueError: ``KIMI_DRAFT_GREEDY`` is not one of :data:`MODES`, or is ``check`` with ``in_cuda_graph``
+            (the check counts rows on the host at every call, which a replayed graph does not do).
     """
     mode = os.environ.get(MODE_ENV, "auto")
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "check" and in_cuda_graph:
+        raise ValueError(f"{MODE_ENV}=check counts draft rows at every call, which vLLM's V2 model runner does not "
+                         "make (it replays the drafting loop as a CUDA graph): set VLLM_USE_V2_MODEL_RUNNER=0")
     d2t = getattr(model, "draft_id_to_target_id", None)
     lm_head = getattr(model, "lm_head", None)
     processor = getattr(model, "logits_processor", None)
@@ -56,12 +68,14 @@ def draft_greedy(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tenso
 
     if get_tensor_model_parallel_world_size() > 1:
         return None
-    from kimi.kernels.draft_head import draft_argmax, kernel_status
+    from kimi.kernels.draft_head import draft_argmax, kernel_status, warm_up
 
     backend = "torch" if mode == "torch" else "auto"
     from vllm.logger import init_logger
 
     status = kernel_status() if backend == "auto" and d2t.is_cuda else {"available": False}
+    if status["available"] and in_cuda_graph:
+        warm_up(d2t.device)
     init_logger("vllm.kimi.eagle3").info(
         "EAGLE-3 greedy drafts: argmax over the %d-token draft vocabulary, then d2t (%s), without the "
         "%s-wide target-vocabulary logits%s.", d2t.shape[0], "fork CUDA kernel" if status["available"] else "torch",

@@ -99,6 +99,21 @@ def kernel_status() -> dict[str, object]:
     return {"available": ok, "library": str(_state["path"]), "reason": "" if ok else "no CUDA device"}
 
 
+def warm_up(device: torch.device) -> None:
+    """Launch the argmax kernel once per logits dtype on a ``[1, 1]`` tensor on ``device`` and wait for it.
+
+    CUDA loads kernel images lazily, at a function's first launch; vLLM's V2 model runner captures the
+    drafting loop (and so the first draft-head launch) in a CUDA graph, where loading a module is not
+    allowed on all drivers. Call this after :func:`load_library` and before capture.
+
+    Raises RuntimeError when a launch fails, KimiError when the library is not usable.
+    """
+    one = torch.zeros(1, dtype=torch.int64, device=device)
+    for dtype in _DTYPES:
+        draft_argmax(torch.zeros(1, 1, dtype=dtype, device=device), one, backend="cuda")
+    torch.cuda.synchronize(device)
+
+
 def _use_kernel(logits: torch.Tensor, backend: Backend) -> bool:
     if backend == "torch":
         return False

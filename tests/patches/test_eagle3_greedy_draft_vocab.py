@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine_script import make_reference_models, run_engine_script
 
@@ -69,3 +70,66 @@ def test_unknown_mode_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KIMI_DRAFT_GREEDY", "fast")
     with pytest.raises(ValueError, match="expected one of auto, torch, upstream"):
         draft_greedy(object())
+
+
+class _Drafter(torch.nn.Module):
+    """An EAGLE-3 drafter's head as vLLM's V2 speculator sees it: ``lm_head`` [draft_vocab, hidden],
+    ``logits_processor``, ``draft_id_to_target_id`` and upstream's ``compute_logits`` (draft logits scattered
+    into a [T, target_vocab] tensor of -inf, as ``llama_eagle3.py`` does)."""
+
+    def __init__(self, hidden: int = 16, draft_vocab: int = 40, target_vocab: int = 300) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(1)
+        self.lm_head = torch.nn.Linear(hidden, draft_vocab, bias=False)
+        self.lm_head.weight.data = torch.randn(draft_vocab, hidden, generator=gen)
+        offsets = torch.sort(torch.randperm(target_vocab, generator=gen)[:draft_vocab]).values
+        self.draft_id_to_target_id = offsets - torch.arange(draft_vocab)
+        self.target_vocab = target_vocab
+
+    def logits_processor(self, head: torch.nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+        return head(hidden_states)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = self.logits_processor(self.lm_head, hidden_states)
+        full = logits.new_full((logits.shape[0], self.target_vocab), float("-inf"))
+        targets = torch.arange(logits.shape[1]) + self.draft_id_to_target_id
+        full[:, targets] = logits
+        return full
+
+
+def _v2_speculator(monkeypatch: pytest.MonkeyPatch, drafter: torch.nn.Module):
+    """vLLM's V2 EAGLE speculator with ``load_model`` run on ``drafter`` (no engine: the drafter loader and the
+    layer lookup are replaced, one TP rank)."""
+    import vllm.distributed
+    from vllm.v1.worker.gpu.spec_decode import speculator as module
+    from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+
+    monkeypatch.setattr(module, "get_layers_from_vllm_config", lambda *args: {})
+    monkeypatch.setattr(vllm.distributed, "get_tensor_model_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(EagleSpeculator, "load_draft_model", lambda self, target, names: drafter)
+    speculator = object.__new__(EagleSpeculator)
+    speculator.use_local_argmax_reduction, speculator.vllm_config = False, None
+    speculator.load_model(torch.nn.Module())
+    return speculator
+
+
+def test_v2_runner_speculator_takes_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The V2 runner's greedy draft step (``_greedy_sample_draft``, captured in its CUDA graphs) uses the hook and
+    gives upstream's ids; without the patch ``load_model`` sets no ``draft_greedy`` and the scatter runs."""
+    monkeypatch.setenv("KIMI_DRAFT_GREEDY", "torch")
+    drafter = _Drafter()
+    speculator = _v2_speculator(monkeypatch, drafter)
+    assert speculator.draft_greedy is not None
+    calls = []
+    monkeypatch.setattr(drafter, "compute_logits", lambda h: calls.append(h) or _Drafter.compute_logits(drafter, h))
+    hidden = torch.randn(33, 16, generator=torch.Generator().manual_seed(2))
+    ids = speculator._greedy_sample_draft(hidden)
+    assert calls == []  # no [T, target_vocab] logits
+    assert torch.equal(ids, _Drafter.compute_logits(drafter, hidden).argmax(-1))
+
+
+def test_v2_runner_refuses_check_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check`` counts rows on the host at each call; inside V2's captured drafting loop it would count once."""
+    monkeypatch.setenv("KIMI_DRAFT_GREEDY", "check")
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        _v2_speculator(monkeypatch, _Drafter())

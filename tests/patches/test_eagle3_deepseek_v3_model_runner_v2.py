@@ -1,0 +1,45 @@
+"""Patch 0013: a DeepSeek-V3-architecture target served with an EAGLE-3 drafter takes vLLM's V2 model runner.
+
+Upstream 0.26.0 picks V2 by default only for the architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``
+(``DeepseekV2ForCausalLM`` among them) or for dense models: ``DeepseekV3ForCausalLM`` (DeepSeek-V3/R1,
+Kimi-K2), a MoE model of the same code, stays on V1, whose drafter steps run as PIECEWISE CUDA graphs plus
+Python. One subprocess builds the engine configs of the reference target (CPU, no weights loaded) with each
+reference drafter and without speculation, and reads the runner choice; triton is then declared present, as
+on a GPU host, to see the final choice (the CPU build has no triton, so V1 stays there).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine_script import make_reference_models, run_engine_script
+
+pytestmark = pytest.mark.install
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import vllm.config.vllm as config_module
+    from vllm.engine.arg_utils import EngineArgs
+    models, out = sys.argv[1], {}
+    def config(drafter=None, method="eagle3"):
+        spec = drafter and {"method": method, "model": f"{models}/{drafter}", "num_speculative_tokens": 2}
+        return EngineArgs(model=models + "/target", dtype="float32", max_model_len=256,
+                          speculative_config=spec).create_engine_config()
+    configs = {"eagle3-llama": config("drafter-llama"), "eagle3-mla": config("drafter-mla"), "none": config()}
+    out["cpu"] = {name: c.use_v2_model_runner for name, c in configs.items()}
+    config_module.HAS_TRITON = True
+    out["triton"] = {name: c.use_v2_model_runner for name, c in configs.items()}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_deepseek_v3_eagle3_takes_v2_runner(tmp_path: Path) -> None:
+    models = make_reference_models(tmp_path / "reference")
+    out = run_engine_script(_SCRIPT, str(models))
+    assert out["triton"] == {"eagle3-llama": True, "eagle3-mla": True, "none": False}
+    # no triton (this CPU build): V1 for all, as upstream decides
+    assert out["cpu"] == {"eagle3-llama": False, "eagle3-mla": False, "none": False}
