@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Rebuilds benchmarks/results/perf_vs_upstream.{json,md,png} from the three result files of the H200 call of
+# Rebuilds perf_vs_upstream.{json,md,png} in this folder (the issue-G table before patch 0013; the current one is
+# benchmarks/results/perf_vs_upstream.*, from logs/perf-run6/combine.sh) from the three result files of the H200 call of
 # 2026-11-30 11:05 UTC (nvidia-h200-x2: the pair on GPU 0 with CPUs 0-15, the Kimi slice on GPU 1 with CPUs
 # 16-31, then the shallow slice on GPU 0). Run from the repository root. The device command was (carrying
 # .kimi/models/trained/{target,drafter,MANIFEST.json}, after the three kit calls):
@@ -16,7 +17,7 @@
 set -euo pipefail
 R=benchmarks/results/logs
 python3 benchmarks/perf_vs_upstream.py --combine $R/perf-run2/pair.json $R/perf-run2/slice.json \
-  $R/perf-run2/shallow.json --out benchmarks/results \
+  $R/perf-run2/shallow.json --out $R/perf-run2 \
   --invalid "kimi_slice/fork_k3=under load_format=dummy the slice's drafter has no lm_head of its own, so vLLM gives it the target's 163840-row head after loading (_maybe_share_lm_head); patch 0009's hook had bound the drafter's first (32000-row) head at load time and computed other logits: its draft ids differed from upstream's on 58368 of 58368 rows (check_k3 below) and its draft step was cheaper for that wrong reason. Fixed since (the hook reads the head at each call; tests/patches/test_eagle3_greedy_draft_vocab.py); not re-measured" \
   --note "Host: nvidia-h200-x2 (2 H200, 32 CPUs). The pair ran on GPU 0 pinned to CPUs 0-15 while the Kimi slice ran on GPU 1 pinned to CPUs 16-31; the pair's engines started together (--parallel-start) and measured one at a time." \
   --note "Noise: this pair is CPU-bound (the target forward is 0.55-0.75 ms of a 1.6-5 ms step), and from engine to engine the same code differs by up to +-40 %. fork/upstream at k = 3, c = 1/4/16/64, in three calls of this day: 1.83/1.70/1.11/0.80 (call 1, fork held on V1; benchmarks/results/logs/perf-run1), 0.80/0.79/0.82/0.91 (call 2, this table), 1.18/0.93/0.97/0.92 (call 3, pair alone, best of 5; logs/perf-run3). The k = 1 engines of this call (fork and upstream differ only in the draft head's last kernels) range 0.61-1.36. So these ratios show no fork effect either way; --rounds (engines measured in interleaved rounds) was added after these calls." \
