@@ -115,6 +115,8 @@ def _engine_info(llm) -> dict:
         sizes = config.compilation_config.cudagraph_capture_sizes or []
         info["cudagraph_capture_sizes"] = [min(sizes), max(sizes), len(sizes)] if sizes else []
         info["architecture"] = (config.model_config.architectures or ["?"])[0]
+        # the fork's default for DeepSeek-V3 targets with EAGLE-3 is V2 (patch 0013); upstream's is V1
+        info["model_runner"] = "v2" if config.use_v2_model_runner else "v1"
         if config.speculative_config is not None:
             spec = config.speculative_config
             info["draft_architecture"] = (spec.draft_model_config.architectures or ["?"])[0]
@@ -670,11 +672,11 @@ def write_results(run: Run) -> dict:
               f"{run.args.tokens} tokens, greedy"),
              f"- passed: {summary['passed']} {summary['checks']}", "",
              ("| run | identical / total | token match | drafts | draft tokens | accepted | mean acceptance length "
-              "| engine start s | tok/s |"), "|---|---|---|---|---|---|---|---|---|"]
+              "| engine start s | tok/s | runner |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in summary["runs"].items():
         if entry["status"] != "done":
             lines.append(f"| {name} | {entry['status']}: {entry.get('error', '').strip().splitlines()[-1:]} "
-                         "| | | | | | | |")
+                         "| | | | | | | | |")
             continue
         ll = summary["lossless"].get(name, {})
         c = summary["spec_counters"].get(name, {})
@@ -684,14 +686,14 @@ def write_results(run: Run) -> dict:
         lines.append(f"| {name} | {same} | {ll.get('token_match', '-')} "
                      f"| {c.get('num_drafts', '-')} | {c.get('num_draft_tokens', '-')} | "
                      f"{c.get('num_accepted_tokens', '-')} | {c.get('mean_acceptance_length', '-')} | "
-                     f"{entry['start_s']} | {entry['tokens_per_s']} |")
+                     f"{entry['start_s']} | {entry['tokens_per_s']} | {entry['engine'].get('model_runner', '-')} |")
     serve = summary["serve"]
     if serve:
         lines.append(f"| serve (llama k={run.args.serve_k}) | {serve.get('identical_to_offline', '-')} / "
                      f"{serve.get('requests')} | | {serve.get('counters', {}).get('num_drafts', '-')} | "
                      f"{serve.get('counters', {}).get('num_draft_tokens', '-')} | "
                      f"{serve.get('counters', {}).get('num_accepted_tokens', '-')} | | {serve.get('start_s', '-')} "
-                     f"| ok={serve.get('ok')} |")
+                     f"| ok={serve.get('ok')} | |")
     (run.out / "gpu_e2e.md").write_text("\n".join(lines) + "\n")
     tokens = {n: o.result["tokens"] for n, o in run.outcomes.items() if o.status == "done"}
     (run.logs / "tokens.json").write_text(json.dumps({"prompts": run.prompts, "outputs": tokens}) + "\n")
