@@ -15,8 +15,9 @@ For each model, engines run one at a time, each in its own process with its own 
   CUDA graphs (vLLM RFC 45258);
 * ``fork_k{k}``: the fork with the same drafter and k, as it runs by default: greedy drafts from the draft
   vocabulary (patch 0009, ``KIMI_DRAFT_GREEDY=auto``, with the fork's draft-head kernel where
-  ``KIMI_DRAFT_HEAD_LIB`` is set), vLLM's V2 model runner (patch 0013), whose drafting loop (forward, logits,
-  sampling) is captured in FULL CUDA graphs. No step times there (the loop is one graph);
+  ``KIMI_DRAFT_HEAD_LIB`` is set), vLLM's V2 model runner (patch 0013, for drafters whose attention is not MLA,
+  as both models' are), whose drafting loop (forward, logits, sampling) is captured in FULL CUDA graphs. No
+  step times there (the loop is one graph);
 * ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``): the
   fork before patch 0013; ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork with ``VLLM_USE_V2_MODEL_RUNNER=1``
   (results from before patch 0013, when the fork's default was V1);
