@@ -115,7 +115,7 @@ def _engine_info(llm) -> dict:
         sizes = config.compilation_config.cudagraph_capture_sizes or []
         info["cudagraph_capture_sizes"] = [min(sizes), max(sizes), len(sizes)] if sizes else []
         info["architecture"] = (config.model_config.architectures or ["?"])[0]
-        # the fork's default for DeepSeek-V3 targets with EAGLE-3 is V2 (patch 0013); upstream's is V1
+        # the fork's default for DeepSeek-V3 targets with a non-MLA EAGLE-3 drafter is V2 (patch 0013)
         info["model_runner"] = "v2" if config.use_v2_model_runner else "v1"
         if config.speculative_config is not None:
             spec = config.speculative_config

@@ -4,11 +4,12 @@
 #   R=$OUT bash benchmarks/gpu_call.sh bash benchmarks/perf_two_gpus.sh [ARGS...]
 #
 # (after the three kit calls; carry .kimi/models/trained/{target,drafter,MANIFEST.json}). ARGS go to every
-# benchmarks/perf_vs_upstream.py run (e.g. --rounds 3 --v2-ks 3). Three runs:
+# benchmarks/perf_vs_upstream.py run (e.g. --rounds 4). Three runs:
 #   * the trained pair on GPU 0, pinned to the first half of the CPUs, engines started together and measured
 #     in interleaved rounds (--parallel-start);
 #   * at the same time, the Kimi slice on GPU 1, pinned to the second half: nospec, upstream_k3, fork_k3,
-#     check_k3 (PERF_SLICE_ENGINES overrides), one engine after another (about 107 GB each);
+#     check_k3 (PERF_SLICE_ENGINES overrides: add kimi_slice/fork_v1_k3 for the fork's own step times in the
+#     projection, else upstream's are used), one engine after another (about 107 GB each);
 #   * then the shallow slice of the projection on GPU 0, in the time left.
 # Writes $R/pair, $R/slice, $R/shallow (perf_vs_upstream.json and .md each, no PNG) and $R/logs.tgz (engine
 # logs), few files, as a device call returns at most 8; gpu_call.sh's own logs go into the archive. Join

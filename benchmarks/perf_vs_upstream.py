@@ -423,7 +423,8 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     env["VLLM_CACHE_ROOT"] = str(scratch / (cache or ("vllm-cache-upstream" if upstream else "vllm-cache-fork")))
     env["KIMI_DRAFT_GREEDY"] = "upstream" if upstream else (job.get("greedy") or args.fork_greedy)
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    runner = "fork_v1" if job.get("greedy") == "check" else job["variant"]
+    # the check mode counts on the host (kimi/drafter/greedy.py): V1 for every engine that runs it
+    runner = "fork_v1" if env["KIMI_DRAFT_GREEDY"] == "check" and job["variant"] != "nospec" else job["variant"]
     if runner in RUNNER_ENV:
         env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNER_ENV[runner]
     return env

@@ -67,7 +67,8 @@ def test_rows_ratios_and_ideal_speedup() -> None:
 def test_held_runner_columns_and_step_times_when_the_fork_has_none() -> None:
     """The fork on V2 (patch 0013) has no step times: they come from the fork held on V1, else from upstream."""
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
-            "pair/fork_k3": _result(270.0, 2.6, None, runner="v2"), "pair/fork_v2_k3": _result(260.0, 2.1, None)}
+            "pair/fork_k3": _result(270.0, 2.6, None, runner="v2"),
+            "pair/fork_v2_k3": _result(260.0, 2.1, None, runner="v2")}
     row = perf.rows_of(runs, _jobs())[0]
     assert (row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("upstream", 2.4, 0.5)
     assert row["ideal_speedup"] == pytest.approx(2.6 * 2.0 / (2.4 + 3 * 0.5), abs=1e-3)  # the fork's tau
@@ -125,6 +126,23 @@ def test_markdown_and_json_are_written(tmp_path: Path) -> None:
     assert "| pair | 4 | 3 | 198.0 (v1) | 180.0 | 100.0 | 1.1 |" in text
     data = json.loads((tmp_path / "perf_vs_upstream.json").read_text())
     assert "tokens" not in data["runs"]["pair/fork_k3"]["by_concurrency"]["4"]
+    assert "fork on V1" not in text  # no held-runner engine, no such columns
+
+
+def test_markdown_has_the_held_runner_columns_of_the_rows(tmp_path: Path) -> None:
+    """The fork on V2 beside the fork held on V1: the table gains V1's two columns (and not V2's), header,
+    separator and rows with as many cells."""
+    runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
+            "pair/fork_k3": _result(300.0, 2.5, None, runner="v2"), "pair/fork_v1_k3": _result(190.0, 2.5, 2.4, 0.4)}
+    rows = perf.rows_of(runs, _jobs())
+    summary = {"command": "x", "date": "2026-11-30T00:00:00+00:00", "device": "test", "versions": {},
+               "settings": {"fork_greedy": "auto", "tokens": 8, "slice_tokens": 4, "reps": 1}, "rows": rows,
+               "projection": {}, "goal": perf.goal(rows), "same_as_nospec": {}, "greedy_check": {}, "runs": runs}
+    perf.write_outputs(tmp_path, summary, chart=False)
+    table = [line for line in (tmp_path / "perf_vs_upstream.md").read_text().splitlines() if line.startswith("|")]
+    assert "fork on V1 tok/s (/ upstream)" in table[0] and "V2" not in table[0]
+    assert len({line.count("|") for line in table}) == 1 and len(table) == 3
+    assert "| 300.0 (v2) |" in table[2] and table[2].endswith("| 190.0 (1.0556) | 2.5 |")
 
 
 def test_slice_ids_skip_the_embedding_output_and_need_four_layers() -> None:
@@ -232,6 +250,10 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     # the fork runs as it does by default; held variants and the check engine (its count needs V1) set it
     assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v1_k3": "0",
                       "pair/check_k3": "0", "pair/upstream_k1": None, "pair/fork_k1": None, "pair/fork_v2_k1": "1"}
+    env_args.fork_greedy = "check"  # every fork engine counts on the host: all held on V1
+    runner = {j["name"]: perf.variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
+    assert {n for n, r in runner.items() if r == "0"} == {n for n in runner if "/fork" in n or "/check" in n}
+    assert runner["pair/nospec"] is None and runner["pair/upstream_k3"] is None
     args.engines = ["pair/fork_k1", "pair/nospec"]
     assert [j["name"] for j in perf.plan(args, [[1, 2]], None)] == ["pair/nospec", "pair/fork_k1"]
     args.engines = ["pair/fork_k9"]

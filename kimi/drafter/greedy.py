@@ -16,8 +16,9 @@ keep upstream's full-vocabulary logits. ``KIMI_DRAFT_GREEDY`` picks the path: ``
 on CUDA when built, else torch), ``torch``, ``upstream`` (the hook is off), or ``check``: upstream's ids are
 used and the hook's are compared with them at every draft step (:class:`GreedyCheck`; V1 runner only).
 
-On by default since the H200 check of 2026-11-30 (``benchmarks/results/perf_vs_upstream.md``: trained pair,
-bf16, CUDA graphs, k = 3, 64 requests): 39882 draft rows compared, 0 mismatched. An earlier H200 run
+On by default since the H200 checks of 2026-11-30 (trained pair, bf16, CUDA graphs, k = 3, 64 requests): 39882
+draft rows compared, 0 mismatched (``benchmarks/results/logs/perf-run1``); later 228366 more on the pair and
+46080 on the Kimi slice, 0 mismatched (``benchmarks/results/perf_vs_upstream.md``). An earlier H200 run
 (``benchmarks/results/gpu_e2e-draft-greedy-*.md``) had seen EAGLE-3 output with the hook differ from the
 output without speculation in 5 of 32 sequences where the baseline's top-2 logit margin was 0.0 to 0.09; the
 same perf run shows upstream's own EAGLE-3 at 55 of 64 sequences equal to no speculation (bf16 batch
@@ -50,15 +51,13 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
     is loaded before capture (:func:`kimi.kernels.draft_head.warm_up`).
 
     Raises:
-        ValueError: ``KIMI_DRAFT_GREEDY`` is not one of :data:`MODES`, or is ``check`` with ``in_cuda_graph``
-            (the check counts rows on the host at every call, which a replayed graph does not do).
+        ValueError: ``KIMI_DRAFT_GREEDY`` is not one of :data:`MODES`, or is ``check`` with ``in_cuda_graph`` for a
+            drafter the hook applies to (the check counts rows on the host at every call, which a replayed graph
+            does not do).
     """
     mode = os.environ.get(MODE_ENV, "auto")
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
-    if mode == "check" and in_cuda_graph:
-        raise ValueError(f"{MODE_ENV}=check counts draft rows at every call, which vLLM's V2 model runner does not "
-                         "make (it replays the drafting loop as a CUDA graph): set VLLM_USE_V2_MODEL_RUNNER=0")
     d2t = getattr(model, "draft_id_to_target_id", None)
     lm_head = getattr(model, "lm_head", None)
     processor = getattr(model, "logits_processor", None)
@@ -68,6 +67,9 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
 
     if get_tensor_model_parallel_world_size() > 1:
         return None
+    if mode == "check" and in_cuda_graph:
+        raise ValueError(f"{MODE_ENV}=check counts draft rows at every call, which vLLM's V2 model runner does not "
+                         "make (it replays the drafting loop as a CUDA graph): set VLLM_USE_V2_MODEL_RUNNER=0")
     from kimi.kernels.draft_head import draft_argmax, kernel_status, warm_up
 
     backend = "torch" if mode == "torch" else "auto"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.install
 
 
 _SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import vllm.config.vllm as config_module
     from vllm.engine.arg_utils import EngineArgs
     models, out = sys.argv[1], {}
@@ -34,6 +34,8 @@ _SCRIPT = textwrap.dedent("""
     out["cpu"] = {name: c.use_v2_model_runner for name, c in configs.items()}
     config_module.HAS_TRITON = True
     out["triton"] = {name: c.use_v2_model_runner for name, c in configs.items()}
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # the user's choice still wins
+    out["env_v1"] = configs["eagle3-llama"].use_v2_model_runner
     print("RESULT " + json.dumps(out))
 """)
 
@@ -42,5 +44,6 @@ def test_deepseek_v3_eagle3_takes_v2_runner(tmp_path: Path) -> None:
     models = make_reference_models(tmp_path / "reference")
     out = run_engine_script(_SCRIPT, str(models))
     assert out["triton"] == {"eagle3-llama": True, "eagle3-mla": False, "none": False}
+    assert out["env_v1"] is False
     # no triton (this CPU build): V1 for all, as upstream decides
     assert out["cpu"] == {"eagle3-llama": False, "eagle3-mla": False, "none": False}

@@ -133,3 +133,6 @@ def test_v2_runner_refuses_check_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KIMI_DRAFT_GREEDY", "check")
     with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
         _v2_speculator(monkeypatch, _Drafter())
+    same_vocab = _Drafter()
+    same_vocab.draft_id_to_target_id = None  # the hook does not apply: nothing to check, nothing refused
+    assert _v2_speculator(monkeypatch, same_vocab).draft_greedy is None
