@@ -386,15 +386,14 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
 
 def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
     """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v1_k{k}``,
-    ``fork_v2_k{k}``), and
-    ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency: does patch 0009 give
-    upstream's draft ids on this device?) after k = 3."""
+    ``fork_v2_k{k}``), and ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency:
+    does patch 0009 give upstream's draft ids on this device?) after k = 3."""
     model = common["model"]
     jobs = [{**common, "name": f"{model}/nospec", "variant": "nospec", "k": 0, "spec": None}]
-    held = {"fork_v1": args.v1_ks, "fork_v2": [] if args.cpu_smoke else args.v2_ks}  # V2 needs triton (CUDA)
+    held_ks = {"v1": args.v1_ks, "v2": [] if args.cpu_smoke else args.v2_ks}  # V2 needs triton (CUDA)
     for k in sorted(ks, key=lambda k: (k != 3, k)):
         spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-        variants = ("upstream", "fork", *(v for v, held_ks in held.items() if k in held_ks))
+        variants = ("upstream", "fork", *(f"fork_{r}" for r in HELD_RUNNERS if k in held_ks[r]))
         for variant in variants:
             jobs.append({**common, "name": f"{model}/{variant}_k{k}", "variant": variant, "k": k, "spec": spec})
         if k == 3 and args.check:
@@ -403,9 +402,10 @@ def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[in
     return jobs
 
 
-#: ``VLLM_USE_V2_MODEL_RUNNER`` per variant held on a runner; the others take their vLLM's default runner (the
-#: fork: V2 for these targets, patch 0013; upstream: V1). The check engine is held on V1 (its count needs it).
-RUNNER_ENV = {"fork_v1": "0", "fork_v2": "1"}
+#: The runners a fork engine can be held on (variant ``fork_{runner}``) and their ``VLLM_USE_V2_MODEL_RUNNER``;
+#: the other variants take their vLLM's default runner (the fork: V2 for these targets, patch 0013; upstream:
+#: V1). The check engine is held on V1 (its count needs it).
+HELD_RUNNERS = {"v1": "0", "v2": "1"}
 
 
 def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str | None = None) -> dict:
@@ -424,9 +424,10 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     env["KIMI_DRAFT_GREEDY"] = "upstream" if upstream else (job.get("greedy") or args.fork_greedy)
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
     # the check mode counts on the host (kimi/drafter/greedy.py): V1 for every engine that runs it
-    runner = "fork_v1" if env["KIMI_DRAFT_GREEDY"] == "check" and job["variant"] != "nospec" else job["variant"]
-    if runner in RUNNER_ENV:
-        env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNER_ENV[runner]
+    check = env["KIMI_DRAFT_GREEDY"] == "check" and job["variant"] != "nospec"
+    runner = "v1" if check else job["variant"].removeprefix("fork_")
+    if runner in HELD_RUNNERS:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = HELD_RUNNERS[runner]
     return env
 
 
@@ -609,7 +610,7 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
         model, k = job["model"], job["k"]
         for c, fork_c in result["by_concurrency"].items():
             up_c, base_c = at(f"{model}/upstream_k{k}", c), at(f"{model}/nospec", c)
-            held = {runner: at(f"{model}/fork_{runner}_k{k}", c) for runner in ("v1", "v2")}
+            held = {runner: at(f"{model}/fork_{runner}_k{k}", c) for runner in HELD_RUNNERS}
             steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("fork_v1", held["v1"]),
                                                                   ("upstream", up_c))
                                       if e.get("steps", {}).get("draft_per_token_ms")), (None, {}))
@@ -716,7 +717,7 @@ def goal(rows: list[dict]) -> dict:
 def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     write_atomic(out / "perf_vs_upstream.json", json.dumps(summary, indent=2) + "\n")
     # the held-runner columns (fork_v1, fork_v2) that some row has
-    held = [h for h in ("v1", "v2") if any(r.get(f"fork_{h}_tok_s") for r in summary["rows"])]
+    held = [h for h in HELD_RUNNERS if any(r.get(f"fork_{h}_tok_s") for r in summary["rows"])]
     settings, versions = summary["settings"], summary["versions"]
     lines = ["# Fork versus upstream vLLM on one GPU (issue G)", "",
              f"- command: `{summary['command']}`", f"- date: {summary['date']}", f"- hardware: {summary['device']}",
