@@ -29,8 +29,8 @@ from kimi.devenv import ensure_env
 from kimi.e2e.prompts import code_prompts
 from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
-from kimi.fork.build_hook import kernels_mode
 from kimi.fork.layout import Layout
+from kimi.hooks.precompiled_fork_build import kernels_mode
 
 #: CPU-friendly serving settings: a 1 GiB KV cache (the CPU backend would otherwise reserve most of the
 #: host's memory), a short context.

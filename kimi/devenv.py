@@ -2,7 +2,7 @@
 
 ``setup``: ``kimi sync``; a virtual environment (``.venv``); the pinned torch
 and vLLM's build requirements; ``pip install --no-build-isolation -e .`` with
-kernels borrowed from the pinned wheel (see ``kimi/fork/build_hook.py``) and the
+kernels borrowed from the pinned wheel (see ``kimi/hooks/precompiled_fork_build.py``) and the
 fork's tools (:data:`TOOLS`: matplotlib, for the PNG charts); a smoke run of
 ``vllm``.  pip's downloads are cached under ``.kimi/cache/pip`` and its output
 goes to ``.kimi/logs/`` (the tail is shown on failure).  An install is skipped
@@ -34,10 +34,10 @@ import venv as venvlib
 from pathlib import Path
 
 from kimi.errors import KimiError
-from kimi.fork.build_hook import kernels_mode
 from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import load_pin
 from kimi.fork.sync import sync
+from kimi.hooks.precompiled_fork_build import kernels_mode
 
 PYTEST_NO_TESTS = 5
 

@@ -70,7 +70,7 @@ def patch_text(name: str, path: str, old_line: str, new_line: str, start: int, c
     n = len(before) + 1 + len(after)
     hunk_start = start - len(before)
     return (
-        f"Subject: {name}\nWhat: changes {path}\nWhy: a test\nUpstream: fork-only\nTests: tests/\n\n"
+        f"Subject: {name}\nWhat: changes {path}\nWhy: a test\nUpstream: fork-only\nForwarded: no\nTests: tests/\n\n"
         f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
         f"@@ -{hunk_start},{n} +{hunk_start},{n} @@\n" + "\n".join(body) + "\n"
     )

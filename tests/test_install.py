@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from kimi.fork.build_hook import kernels_mode
+from kimi.hooks.precompiled_fork_build import kernels_mode
 from kimi.fork.checkout import fresh_copy
 from kimi.fork.layout import Layout
 from kimi.fork.pin import load_pin

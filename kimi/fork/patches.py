@@ -8,6 +8,7 @@ files in name order.  Each file is a header followed by a git diff::
     Why: `vllm serve --help` with the CUDA build on a host without a GPU fails
       with "Failed to infer device type".
     Upstream: fork-only
+    Forwarded: no - ready to send
     Tests: tests/patches/test_cli_help_without_gpu.py
 
     diff --git a/vllm/entrypoints/cli/main.py b/vllm/entrypoints/cli/main.py
@@ -16,7 +17,10 @@ files in name order.  Each file is a header followed by a git diff::
 Fields are ``Key: value``; an indented line continues the previous field.
 ``Upstream`` is ``fork-only``, an upstream reference (``issue vllm#45258``,
 ``PR vllm#12345``), or ``absorbed in X.Y[.Z]``; free text may follow after
-`` - ``.  ``git apply`` ignores the header.
+`` - ``.  ``Forwarded`` says whether the change was sent upstream, as DEP-3's field
+does: ``no``, ``not-needed`` (fork machinery upstream would not take) or the
+URL of the PR or issue; free text may follow after `` - `` (a generic bug fix
+says ``no - ready to send``).  ``git apply`` ignores the header.
 
 Optional: ``Absorbed-check`` names the tests (comma separated) that show the
 patch's symptom gone; for a patch ``absorbed in X.Y.Z`` they pass on that
@@ -33,12 +37,13 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork.fsutil import read_exact, sha256_file, write_atomic
 
-FIELDS = ("Subject", "What", "Why", "Upstream", "Tests")
+FIELDS = ("Subject", "What", "Why", "Upstream", "Forwarded", "Tests")
 PLACEHOLDER = "TODO:"
 _NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9-]*\.patch$")
 _UPSTREAM = re.compile(
     r"^(fork-only|(issue|PR|RFC) [\w.-]+#\d+(, (issue|PR|RFC) [\w.-]+#\d+)*|absorbed in \d+\.\d+(\.\d+)?)( - .+)?$"
 )
+_FORWARDED = re.compile(r"^(no|not-needed|https?://\S+)( - .+)?$", re.S)
 _FIELD = re.compile(r"^([A-Z][A-Za-z-]*):\s?(.*)$")
 
 
@@ -118,6 +123,11 @@ def validate(patch: Patch) -> None:
             f"{where}: Upstream must be 'fork-only', 'issue vllm#N', 'PR vllm#N' or 'absorbed in X.Y', "
             f"not {patch.header['Upstream']!r}"
         )
+    if not _FORWARDED.match(patch.header["Forwarded"]):
+        raise KimiError(
+            f"{where}: Forwarded must be 'no', 'not-needed' or the URL of the upstream PR or issue "
+            f"(then ' - ' and free text), not {patch.header['Forwarded']!r}"
+        )
     if not patch.diff:
         raise KimiError(f"{where}: no 'diff --git' section")
 
@@ -165,6 +175,7 @@ def template_header(subject: str) -> dict[str, str]:
         "What": f"{PLACEHOLDER} what the patch changes",
         "Why": f"{PLACEHOLDER} the failing input it fixes",
         "Upstream": f"{PLACEHOLDER} fork-only | issue vllm#N | PR vllm#N | absorbed in X.Y",
+        "Forwarded": f"{PLACEHOLDER} no | not-needed | URL of the upstream PR or issue",
         "Tests": f"{PLACEHOLDER} tests that cover it",
     }
 

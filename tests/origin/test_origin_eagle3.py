@@ -161,7 +161,7 @@ def test_kimi_k25_image_token_id() -> None:
 
 
 def test_image_token_id_names_and_places() -> None:
-    from kimi.eagle3.targets import image_token_id
+    from kimi.origin.targets import image_token_id
 
     ns = type("Config", (), {})
     for config, expected in [

@@ -61,11 +61,11 @@ def test_greedy_drafts_equal_upstream_ids(tmp_path: Path) -> None:
     _without_lm_head(models / "drafter-llama", models / "drafter-llama-nohead")
     out = run_engine_script(_SCRIPT, str(models), env={"KIMI_DRAFT_GREEDY": "auto"})
     assert out["llama"] == out["mla"] == out["llama-nohead"] == {"hook": True, "same_ids": True}
-    assert out["default_hook"] is True  # on by default: see kimi/drafter/greedy.py
+    assert out["default_hook"] is True  # on by default: see kimi/hooks/eagle3_greedy_draft_vocab.py
 
 
 def test_unknown_mode_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kimi.drafter.greedy import draft_greedy
+    from kimi.hooks.eagle3_greedy_draft_vocab import draft_greedy
 
     monkeypatch.setenv("KIMI_DRAFT_GREEDY", "fast")
     with pytest.raises(ValueError, match="expected one of auto, torch, upstream"):

@@ -36,7 +36,7 @@ _SCRIPT = textwrap.dedent("""
 def test_kept_state_undoes_a_cpu_generators_discarded_draw() -> None:
     torch = pytest.importorskip("torch")
     np = pytest.importorskip("numpy")
-    from kimi.sampling import keep_discarded_states, rewind_discarded
+    from kimi.hooks.seeded_sampling_any_device import keep_discarded_states, rewind_discarded
 
     gens = {0: torch.Generator().manual_seed(1), 2: torch.Generator().manual_seed(2)}
     want = torch.empty(50).exponential_(generator=torch.Generator().manual_seed(2))

@@ -1,4 +1,4 @@
-"""Greedy EAGLE-3 draft tokens without target-vocabulary logits (patch 0009).
+"""Greedy EAGLE-3 draft tokens without target-vocabulary logits (patch ``0009-eagle3-greedy-draft-vocab``).
 
 Upstream vLLM (``Eagle3LlamaForCausalLM.compute_logits``, ``vllm/model_executor/models/llama_eagle3.py``)
 scatters the drafter's ``[T, draft_vocab]`` logits into a ``[T, target_vocab]`` tensor of -inf every

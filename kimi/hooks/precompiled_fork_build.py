@@ -1,4 +1,5 @@
-"""Build settings of the fork, called by the patched ``setup.py`` before it reads vLLM's env.
+"""Build settings of the fork, called by the patched ``setup.py`` before it reads vLLM's env (patch
+``0002-precompiled-fork-build``; build time only: ``kimi install-into`` does not copy it).
 
 Precompiled mode (the default): the Python tree is the patched sources at the
 root and the compiled kernels are borrowed from the pinned upstream wheel:
@@ -100,3 +101,10 @@ def configure_build(root: Path) -> None:
     print(f"kimi: precompiled {mode} kernels from {wheel.name}"
           + (f" ({', '.join(Path(n).name for n in extracted)})" if extracted else "")
           + f"; version {os.environ['VLLM_VERSION_OVERRIDE']}", file=sys.stderr)
+
+
+def kimi_command() -> int:
+    """The ``kimi`` console script the fork's install adds (``pyproject.toml``): ``python -m kimi``."""
+    from kimi.cli import main
+
+    return main()

@@ -1,4 +1,5 @@
-"""Per-request sampling generators: undoing a discarded sample on any device (patch 0011).
+"""Per-request sampling generators: undoing a discarded sample on any device (patch
+``0011-seeded-sampling-any-device``; the model runner calls both functions).
 
 vLLM's model runner samples a token for every request in the batch, also for a request whose prompt is
 only partly prefilled this step (chunked prefill); that token is discarded. For a seeded request
@@ -66,5 +67,5 @@ def rewind_discarded(generators: Mapping[int, torch.Generator], indices: Iterabl
         elif i in kept:
             gen.set_state(kept[i])
         else:
-            raise RuntimeError(f"kimi.sampling: no kept state for the {gen.device.type} generator of discarded "
+            raise RuntimeError(f"kimi.hooks.seeded_sampling_any_device: no kept state for the {gen.device.type} generator of discarded "
                                f"request {i}; keep_discarded_states must run before sampling")
