@@ -22,88 +22,31 @@ a CPU (its ``target/``, ``drafter/`` and ``MANIFEST.json``, about 10 MB; ``work/
 
 Writes ``acceptance.json`` ({device, k, tau, per_position, tau_shifted_ids, command, date, ...}),
 ``acceptance.md`` and ``acceptance.png`` (per-position acceptance with the right and the shifted ids; where
-matplotlib is importable) to ``--out`` (default ``benchmarks/results``), each atomically.
+matplotlib is importable) to ``--out`` (default ``benchmarks/results``), each atomically. The pieces are
+``kimi.bench.acceptance``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from kimi.bench.acceptance import chart, device_name, folder_mb, load_pair, markdown
+from kimi.bench.results import stamp, utc_now, write_json
+from kimi.drafter.conventions import IDS_FIELD
+from kimi.e2e.engine import tokenize
+from kimi.e2e.prompts import code_prompts
+from kimi.errors import KimiError
+from kimi.fork.fsutil import write_atomic
+from kimi.train.acceptance import served_acceptance
+from kimi.train.engine import engine_settings, on_cuda
+from kimi.train.export import shifted_ids, with_ids
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kimi.drafter.conventions import IDS_FIELD  # noqa: E402
-from kimi.e2e.engine import tokenize  # noqa: E402
-from kimi.e2e.prompts import code_prompts  # noqa: E402
-from kimi.errors import KimiError  # noqa: E402
-from kimi.fork.fsutil import write_atomic  # noqa: E402
-from kimi.train.acceptance import served_acceptance  # noqa: E402
-from kimi.train.charts import acceptance_chart  # noqa: E402
-from kimi.train.engine import engine_settings, on_cuda  # noqa: E402
-from kimi.train.export import shifted_ids, with_ids  # noqa: E402
-
-
-def device_name() -> str:
-    import torch
-
-    if on_cuda():
-        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
-    return f"CPU {platform.machine()} ({os.cpu_count()} cores)"
-
-
-def folder_mb(path: Path) -> float:
-    """Size of the regular files under ``path`` in MB (links not followed)."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6
-
-
-def load_pair(models: Path, default: Path) -> dict:
-    """The pair's manifest; trains the pair only in the default folder, when missing or made with another recipe
-    (a carried pair is used as it is).
-
-    Raises:
-        KimiError: ``models`` is not the default folder and is not a complete pair.
-    """
-    from kimi.train.pair import train_pair
-
-    missing = [name for name in ("MANIFEST.json", "target/config.json", "drafter/config.json")
-               if not (models / name).is_file()]
-    if missing and models.resolve() != default.resolve():
-        raise KimiError(f"{models} is not a trained pair (no {', '.join(missing)}): make one with "
-                        "`kimi models train-pair DIR` and carry its target/, drafter/ and MANIFEST.json")
-    if models.resolve() == default.resolve():
-        return train_pair(models)  # kept when complete and made with the current recipe
-    return json.loads((models / "MANIFEST.json").read_text())
-
-
-def chart(result: dict, path: Path) -> Path | None:
-    """``path``: per-position acceptance as trained and with the shifted ids; None without matplotlib."""
-    series = {f"aux ids {result['aux_layer_ids']}: tau {result['tau']:.2f}": result["per_position"],
-              f"shifted {result['shifted_ids']}: tau {result['tau_shifted_ids']:.2f}":
-                  result["per_position_shifted_ids"]}
-    return acceptance_chart(path, series, f"EAGLE-3 acceptance, k = {result['k']}, greedy ({result['device']})")
-
-
-def markdown(result: dict, png: str | None = None) -> str:
-    per = " | ".join(f"{p:.3f}" for p in result["per_position"])
-    shifted = " | ".join(f"{p:.3f}" for p in result["per_position_shifted_ids"])
-    return "\n".join([
-        "# EAGLE-3 acceptance of the trained reference pair", "",
-        (f"{result['date']} on {result['device']}; k = {result['k']}, greedy, {result['prompts']} held-out code "
-         f"prompts x {result['tokens']} tokens; aux layer ids {result['aux_layer_ids']} (vLLM's convention)."), "",
-        "| drafter | tau | " + " | ".join(f"pos {i}" for i in range(result["k"])) + " |",
-        "|---|---|" + "---|" * result["k"],
-        f"| as trained | {result['tau']:.3f} | {per} |",
-        f"| aux ids shifted by one {result['shifted_ids']} | {result['tau_shifted_ids']:.3f} | {shifted} |", "",
-        f"tau - tau_shifted_ids = {result['tau'] - result['tau_shifted_ids']:.3f}. Command: `{result['command']}`", "",
-        *([f"![per-position acceptance]({png})", ""] if png else [])])
 
 
 def main() -> int:
@@ -152,11 +95,11 @@ def main() -> int:
               "engine": {k: v for k, v in engine.items()}, "pair_sizes": sizes,
               "pair": {"target_final_loss": manifest["target_final_loss"], "recipe": manifest["recipe"],
                        "seconds": manifest["seconds"]},
-              "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "command": stamp("benchmarks/acceptance.py", sys.argv[1:], python="python")["command"],
+              "date": utc_now("%Y-%m-%d %H:%M UTC"),
               "seconds": round(time.monotonic() - started, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / "acceptance.json", json.dumps(result, indent=2) + "\n")
+    write_json(args.out / "acceptance.json", result)
     render(result, args.out)
     return 0
 

@@ -3,38 +3,57 @@
 #
 #   bash benchmarks/gpu_call.sh
 #
-# Each call brings one part of the kit (`bash benchmarks/gpu_kit.sh` builds it in .kimi/gpu-kit/, git-ignored;
-# the call's `carry` names the part and SHA256) and stashes it in /tmp/kitparts, which survives between calls
-# while the machine stays warm (~30 s: make the calls back to back). The call that completes the kit
-#   1. installs it into /tmp/site (upstream vLLM, the release's own files; as ../shared/gpu/install_kit.sh),
-#   2. puts the fork on it: python3 -m kimi install-into /tmp/site (vllm.__version__ -> 0.26.0+kimi.1.cuda),
+# The kit (`bash benchmarks/gpu_kit.sh` builds it here in .kimi/gpu-kit-VERSION/, git-ignored: one byte stream
+# cut into chunk00.. of ~57 MiB, with MANIFEST.json) travels one chunk per call: each call's `carry` names
+# MANIFEST.json and one chunk (`python3 kimi/gpukit.py calls --kit .kimi/gpu-kit-VERSION` prints the calls).
+# A call that does not complete the kit only stashes (about a second, no torch or vLLM import): it checks the
+# carried chunk's size and sha256 against the manifest (a bad chunk is REFUSED, named, and the call exits 2),
+# keeps it in /tmp/kitparts/KIT_ID, which survives between calls while the machine stays warm (~30 s: make the
+# calls back to back), and prints the chunks still missing and the next one to carry. A machine that went cold
+# has an empty /tmp: a call that then brings a chunk after the first says MACHINE RESTARTED and names the chunks
+# needed again from the start (it keeps the one it brought). The call that completes the kit
+#   1. checks the whole stream's sha256, unpacks it, installs wheels/*.whl with pip --no-deps --target /tmp/site
+#      and the release's own vllm/ files (as ../shared/gpu/install_kit.sh), unpacks payloads into
+#      /tmp/kitpayload and links each at its path in the repository; puts the carried NCCL
+#      (/tmp/site/nvidia/nccl/lib) first on LD_LIBRARY_PATH; checks that `import torch` gives the kit's torch
+#      and sees the GPU (prints version, CUDA, NCCL, device); lists vLLM's requirements the host does not meet
+#      (logs/check-reqs.log, not fatal);
+#   2. puts the fork on it: python3 -m kimi install-into /tmp/site (vllm.__version__ -> VERSION+kimi.N.cuda),
 #   3. runs benchmarks/gpu_e2e.py (models, lossless runs with CUDA graphs, counters, vllm serve),
 #   4. runs the GPU tests (tests/gpu, on gpu_e2e's results),
-# writing everything under $OUT: gpu_e2e.json, gpu_e2e.md, gpu_call.json (steps and times), logs/.
-# A later call with the kit already installed (machine still warm) skips step 1.
+# writing everything under $OUT: gpu_e2e.json, gpu_e2e.md, gpu_call.json (steps and times), kit-stash.json
+# (chunks there and missing), logs/. A later call with the kit already installed (machine still warm) skips
+# step 1; it needs no chunk (MANIFEST.json alone, or nothing, will do).
 #
 #   bash benchmarks/gpu_call.sh COMMAND [ARGS...]
 #
 # runs COMMAND instead of steps 3 and 4 (after 1, 2 and the kernel build), with KIMI_BUDGET_S (seconds left in
 # the call minus a margin), KIMI_SITE (the fork) and KIMI_UPSTREAM_SITE (a pristine copy of upstream's `vllm`
-# package, made right after the kit is installed: benchmarks/perf_vs_upstream.py runs both) exported.
+# package, made right after the kit is installed: benchmarks/perf_vs_upstream.py runs both) exported. While
+# the kit is incomplete such a call stashes and exits 3 without running COMMAND.
 #
-# Environment: OUT (default benchmarks/results/gpu), KIMI_CALL_LIMIT_S (the call's time limit, default 600;
-# gpu_e2e gets what is left minus a margin), KIMI_GPU_E2E_ARGS (extra arguments for gpu_e2e.py); for a rehearsal
-# elsewhere: KIMI_KIT_STASH (/tmp/kitparts), KIMI_SITE (/tmp/site), KIMI_PYTHON (python3), KIMI_GPU_STEPS
-# (all, or "install" to stop once the fork is on the installed vLLM).
+# Exit status: 0 done (or chunk stashed, kit still incomplete), 2 a carried chunk or the whole stream failed its
+# sha256, 3 no kit to work with (none carried and none installed, or incomplete with a COMMAND), else the failing
+# step's. Environment: OUT (default benchmarks/results/gpu), KIMI_CALL_LIMIT_S (the call's time limit, default
+# 600; gpu_e2e gets what is left minus a margin), KIMI_GPU_E2E_ARGS (extra arguments for gpu_e2e.py),
+# KIMI_GPU_STEPS (all; "kit" to stop after step 1; "install" to stop once the fork is on the installed vLLM),
+# KIMI_KIT_DIR (default: the one .kimi/gpu-kit*/ holding a MANIFEST.json); for a rehearsal elsewhere:
+# KIMI_KIT_STASH (/tmp/kitparts), KIMI_SITE (/tmp/site), KIMI_UPSTREAM_SITE (/tmp/upstream), KIMI_PAYLOAD_ROOT
+# (/tmp/kitpayload), KIMI_PYTHON (python3: pip, torch, vLLM), KIMI_KIT_PYTHON (python3, run with -S for
+# kimi/gpukit.py's stash and unpack), KIMI_KIT_CHECK_TORCH=0 (skip the torch check: a python without torch).
 set -uo pipefail
 SECONDS=0
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-kit=$root/.kimi/gpu-kit
 out=${OUT:-$root/benchmarks/results/gpu}
 stash=${KIMI_KIT_STASH:-/tmp/kitparts}
 site=${KIMI_SITE:-/tmp/site}
 upstream=${KIMI_UPSTREAM_SITE:-/tmp/upstream}
+payload_root=${KIMI_PAYLOAD_ROOT:-/tmp/kitpayload}
 py=${KIMI_PYTHON:-python3}
+kpy=${KIMI_KIT_PYTHON:-python3}
 limit=${KIMI_CALL_LIMIT_S:-600}
-mkdir -p "$out/logs" "$stash"
+mkdir -p "$out/logs"
 steps=()
 note() { echo "gpu_call [$(date +%H:%M:%S) +${SECONDS}s] $*"; }
 step() { steps+=("{\"step\": \"$1\", \"rc\": $2, \"at_s\": $SECONDS}"); }
@@ -45,67 +64,138 @@ finish() {
   note "exit $rc"
   exit "$rc"
 }
+gk() { "$kpy" -S "$root/kimi/gpukit.py" "$@"; }
 
-# -- stash the carried parts ---------------------------------------------------------------------------------
-for f in "$kit"/part* "$kit"/SHA256 "$kit"/PARTS.sha256 "$kit"/VERSION; do
-  [ -f "$f" ] && cp -f "$f" "$stash/"
-done
-note "stashed: $(cd "$stash" && ls -1 | tr '\n' ' ')"
-
+# -- the carried kit: stash its chunk(s); install once complete ----------------------------------------------
+kit=${KIMI_KIT_DIR:-}
+if [ -z "$kit" ]; then
+  shopt -s nullglob
+  found=("$root"/.kimi/gpu-kit*/MANIFEST.json)
+  if [ ${#found[@]} -gt 1 ]; then  # a warm machine keeps ignored paths of earlier calls: take the one with chunks
+    with=()
+    for m in "${found[@]}"; do c=("$(dirname "$m")"/chunk*); [ ${#c[@]} -gt 0 ] && with+=("$m"); done
+    [ ${#with[@]} -gt 0 ] && found=("${with[@]}")
+  fi
+  shopt -u nullglob
+  if [ ${#found[@]} -gt 1 ]; then
+    note "several kits carried (${found[*]#"$root"/}): set KIMI_KIT_DIR"; step stash 3; finish 3
+  fi
+  [ ${#found[@]} -eq 1 ] && kit=$(dirname "${found[0]}")
+fi
 installed_sha=$(cat "$site/.kit-sha256" 2>/dev/null || true)
-want_sha=$(cat "$stash/SHA256" 2>/dev/null || true)
-if [ -n "$installed_sha" ] && { [ -z "$want_sha" ] || [ "$installed_sha" = "$want_sha" ]; }; then
-  note "kit already installed in $site (sha256 $installed_sha)"
+just_installed=0
+if [ -z "$kit" ]; then
+  if [ -n "$installed_sha" ]; then
+    note "kit already installed in $site (sha256 ${installed_sha:0:16}; no MANIFEST.json carried)"
+  else
+    note "no kit carried (.kimi/gpu-kit*/MANIFEST.json) and none installed in $site: the machine is fresh or" \
+      "restarted. Carry MANIFEST.json and the chunks from chunk00 (python3 kimi/gpukit.py calls --kit .kimi/gpu-kit-VERSION)"
+    step stash 3; finish 3
+  fi
 else
-  if [ -z "$want_sha" ]; then
-    note "no SHA256 yet: carry .kimi/gpu-kit/SHA256 with the parts"; step stash 0; finish 0
-  fi
-  if [ -f "$stash/PARTS.sha256" ]; then
-    missing=() bad=()
-    while read -r sum name; do
-      if [ ! -f "$stash/$name" ]; then missing+=("$name")
-      elif [ "$(sha256sum "$stash/$name" | cut -d' ' -f1)" != "$sum" ]; then bad+=("$name"); rm -f "$stash/$name"
-      fi
-    done < "$stash/PARTS.sha256"
-    if [ ${#bad[@]} -gt 0 ]; then note "corrupt parts removed: ${bad[*]}; carry them again"; fi
-    if [ ${#missing[@]} -gt 0 ] || [ ${#bad[@]} -gt 0 ]; then
-      note "kit not complete yet: still needed ${missing[*]} ${bad[*]}"
-      note "(if they were carried before, the machine went cold between calls: make the calls back to back)"
-      step stash 0; finish 0
-    fi
-  fi
-  got=$(cat "$stash"/part* 2>/dev/null | sha256sum | cut -d' ' -f1)
-  if [ "$got" != "$want_sha" ]; then
-    note "kit not complete yet (parts: $(cd "$stash" && ls part* 2>/dev/null | tr '\n' ' ')); carry the next part."
-    note "If every part was carried, the machine went cold between calls: make the calls back to back."
-    step stash 0; finish 0
-  fi
-  # -- 1. install the kit ------------------------------------------------------------------------------------
-  note "installing the kit into $site"
-  (
-    set -e
+  gk stash --kit "${kit#"$root"/}" --stash "$stash" --site "$site" --report "$out/kit-stash.json"
+  rc=$?
+  case $rc in
+    4) step stash 0 ;;                       # this kit is installed already
+    0) step stash 0 ;;                       # complete: install below
+    1) step stash 0
+       if [ $# -gt 0 ]; then note "kit incomplete: not running $*"; finish 3; fi
+       finish 0 ;;
+    *) step stash "$rc"; finish "$rc" ;;     # 2: a chunk refused; 3: no usable manifest
+  esac
+  if [ $rc -eq 0 ]; then
+    # -- 1. install the kit ----------------------------------------------------------------------------------
+    note "kit complete: checking the stream and installing it into $site"
     bundle=$site.bundle
-    rm -rf "$bundle" "$site" && mkdir -p "$bundle/w" "$site"
-    cat "$stash"/part* | tar xf - -C "$bundle"
-    tar xf "$bundle/wheels.tar" -C "$bundle/w"
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-      "$bundle"/w/*.whl
-    tar xJf "$bundle/vllm.tar.xz" -C "$site"
-    rm -rf "$bundle"
-  ) > "$out/logs/kit-install.log" 2>&1
-  rc=$?; step kit_install $rc
-  if [ $rc -ne 0 ]; then tail -20 "$out/logs/kit-install.log"; finish $rc; fi
-  echo "$want_sha" > "$site/.kit-sha256"
-  rm -rf "$upstream" && mkdir -p "$upstream" && cp -a "$site/vllm" "$upstream/vllm"
-  rc=$?; step upstream_copy $rc
-  note "kit installed; pristine upstream vllm copied to $upstream"
+    gk unpack --kit "$kit" --stash "$stash" --dest "$bundle" > "$out/logs/kit-unpack.log" 2>&1
+    rc=$?; step kit_unpack $rc
+    cat "$out/logs/kit-unpack.log"
+    if [ $rc -ne 0 ]; then rm -rf "$bundle"; finish $rc; fi
+    (
+      set -e
+      rm -rf "$site" "$site.parts" && mkdir -p "$site" "$site.parts"
+      xz -dc -T0 "$bundle/vllm.tar.xz" | tar xf - -C "$site" &
+      jobs=($!)
+      # each wheel over 50 MB (torch, triton, NCCL) in a pip of its own, the rest in one, side by side; each
+      # into a folder of its own, merged with hard links (pip --target would replace a shared bin/)
+      small=()
+      for w in "$bundle"/wheels/*.whl; do
+        if [ "$(stat -c %s "$w")" -gt 52428800 ]; then
+          "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site.parts/$(basename "$w")" "$w" &
+          jobs+=($!)
+        else small+=("$w"); fi
+      done
+      if [ ${#small[@]} -gt 0 ]; then
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site.parts/small" "${small[@]}" &
+        jobs+=($!)
+      fi
+      for j in "${jobs[@]}"; do wait "$j"; done
+      for d in "$site.parts"/*; do cp -alf "$d/." "$site/" 2>/dev/null || cp -af "$d/." "$site/"; done
+      rm -rf "$site.parts"
+      if [ -d "$bundle/payload" ]; then
+        rm -rf "$payload_root" && mkdir -p "$(dirname "$payload_root")" && mv "$bundle/payload" "$payload_root"
+      fi
+      gk field "$bundle/kit.json" payloads > "$site/.kit-payloads"
+      cp "$bundle/kit.json" "$site/.kit.json"
+    ) > "$out/logs/kit-install.log" 2>&1
+    rc=$?; step kit_install $rc
+    if [ $rc -ne 0 ]; then tail -20 "$out/logs/kit-install.log"; finish $rc; fi
+    gk field "$kit/MANIFEST.json" total_sha256 > "$site/.kit-sha256"
+    kid=$(gk field "$kit/MANIFEST.json" kit_id)
+    rm -rf "$bundle" "$stash/${kid:?}"
+    just_installed=1
+    dists=("$site"/*.dist-info)
+    note "kit installed (${#dists[@]} distributions); the stash is freed"
+    rm -rf "$upstream" && mkdir -p "$upstream" && cp -a "$site/vllm" "$upstream/vllm"
+    rc=$?; step upstream_copy $rc
+    note "pristine upstream vllm copied to $upstream"
+  fi
 fi
 
 # -- environment (as ../shared/gpu/env.sh) -------------------------------------------------------------------
-export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+# the site's vllm; kimi from this checkout (install-into copies only its runtime part, the hooks, into the site),
+# through a folder that holds nothing else, so that a laid vllm/ at the root (a rehearsal) cannot shadow the site's
+mkdir -p /tmp/kimi-path && ln -sfn "$root/kimi" /tmp/kimi-path/kimi
+export PYTHONPATH=/tmp/kimi-path:$site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
+# a carried NCCL (torch 2.13 needs 2.29's ncclCommResume; the host's is 2.28.9) goes before the host's
+if [ -d "$site/nvidia/nccl/lib" ]; then export LD_LIBRARY_PATH=$site/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
+# payloads at their paths in the repository
+while read -r rel; do
+  [ -n "$rel" ] && [ ! -e "$root/$rel" ] && [ ! -L "$root/$rel" ] || continue
+  mkdir -p "$(dirname "$root/$rel")" && ln -s "$payload_root/$rel" "$root/$rel" && note "payload $rel -> $payload_root/$rel"
+done < <(cat "$site/.kit-payloads" 2>/dev/null)
+
+# -- 1b. the kit's torch: the version it pins, the GPU, NCCL (the first call that installs, and until it passes)
+if [ "${KIMI_KIT_CHECK_TORCH:-1}" != 0 ] && { [ $just_installed = 1 ] || [ ! -f "$site/.kit-torch-ok" ]; }; then
+  want_torch=$(gk field "$site/.kit.json" torch 2>/dev/null)
+  tline=$(cd /tmp && "$py" -c '
+import torch
+ok = torch.cuda.is_available()
+n = torch.cuda.nccl.version() if ok else "-"
+print(torch.__version__, "cuda_available=%s" % ok, "cuda=%s" % torch.version.cuda,
+      "nccl=%s" % (".".join(map(str, n)) if isinstance(n, tuple) else n),
+      "device=%s" % (torch.cuda.get_device_name(0).replace(" ", "_") if ok else "-"), torch.__file__)' \
+      2> "$out/logs/torch-check.log")
+  rc=$?
+  note "torch: ${tline:-import failed} (the kit pins torch ${want_torch:-?})"
+  got=${tline%% *}
+  if [ $rc -ne 0 ] || [ -z "$want_torch" ] || [ "${got%%+*}" != "$want_torch" ] || [[ "$tline" != *cuda_available=True* ]]; then
+    tail -20 "$out/logs/torch-check.log"
+    note "torch check FAILED: want torch $want_torch with the GPU (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
+    step torch_check 1; finish 1
+  fi
+  step torch_check 0
+  touch "$site/.kit-torch-ok"
+fi
+if [ $just_installed = 1 ]; then
+  "$py" "$root/kimi/gpukit.py" check-reqs --site "$site" --kit-json "$site/.kit.json" > "$out/logs/check-reqs.log" 2>&1
+  step check_reqs $?
+  head -12 "$out/logs/check-reqs.log"
+fi
+if [ "${KIMI_GPU_STEPS:-all}" = kit ]; then note "kit installed and checked; stopping (KIMI_GPU_STEPS=kit)"; finish 0; fi
 nvidia-smi > "$out/logs/nvidia-smi.txt" 2>&1 || true
 
 # -- 2. the fork onto the installed vLLM ---------------------------------------------------------------------

@@ -31,14 +31,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from kimi.bench.results import write_json
+from kimi.errors import KimiError
+from kimi.fork.fsutil import write_atomic
+from kimi.kernels import build
+from kimi.kernels import draft_head as dh
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from kimi.errors import KimiError  # noqa: E402
-from kimi.kernels import build  # noqa: E402
-from kimi.kernels import draft_head as dh  # noqa: E402
 
 HIDDEN, DRAFT_VOCAB, TARGET_VOCAB = 7168, 32000, 163840
 TOPK = 8
@@ -270,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     report["speedup_vs_torch"] = {rows: round(s["speedup_vs_torch"], 3) for rows, s in shapes.items()}
     report["speedup_vs_upstream"] = {rows: round(s["speedup_vs_upstream"], 3) for rows, s in shapes.items()}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernels.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "kernels.md").write_text(render_md(report))
+    write_json(args.out / "kernels.json", report)
+    write_atomic(args.out / "kernels.md", render_md(report))
     ok = all(report["ids_identical"].values()) and max(report["max_rel_err"].values()) < 1e-5
     print(f"wrote {args.out / 'kernels.json'} and kernels.md; correct: {ok}")
     return 0 if ok else 1

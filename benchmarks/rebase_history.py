@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -38,17 +37,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from kimi.bench.hardware import cpu_name
+from kimi.fork.checkout import fresh_copy
+from kimi.fork.fsutil import write_atomic, write_json_atomic
+from kimi.fork.layout import Layout
+from kimi.fork.patches import read_patch
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PORTS = ROOT / "benchmarks" / "rebase_ports"
 # Chains of (line, target releases) in history order; a chain's steps start from the previous step's result.
 CHAINS = [("origin", ["0.17.0", "0.18.0"], False), ("mainline", ["0.33.0"], True)]  # (line, releases, dry run)
 
-sys.path.insert(0, str(ROOT))
-from kimi.fork.checkout import fresh_copy  # noqa: E402
-from kimi.fork.fsutil import write_atomic, write_json_atomic  # noqa: E402
-from kimi.fork.layout import Layout  # noqa: E402
-from kimi.fork.patches import read_patch  # noqa: E402
 
 
 def _kimi(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -159,14 +159,6 @@ def _verification_md(v: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def machine() -> str:
-    """CPU model and core count (``/proc/cpuinfo`` where there is one)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.is_file() else []
-    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
-
-
 def _cell(items: list[str]) -> str:
     return ", ".join(items) or "-"
 
@@ -185,7 +177,7 @@ def main() -> None:
     steps = [s for line, targets, dry in CHAINS if line in lines for s in run_chain(line, targets, dry, venv, keep)]
     skipped = [f"{line} -> {', '.join(targets)}" for line, targets, _ in CHAINS if line not in lines]
     command = "python benchmarks/rebase_history.py" + (" --verify-venv VENV" if venv else "")
-    result = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
+    result = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": cpu_name(),
               "steps": steps, "not_run": [f"{s} (line not in kimi/lines)" for s in skipped]}
     write_json_atomic(RESULTS / "rebase.json", result)
     rows = ["# Rebase history", "",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
 from kimi.hooks.precompiled_fork_build import kernels_mode
+from kimi.log import sayer
 
 #: CPU-friendly serving settings: a 1 GiB KV cache (the CPU backend would otherwise reserve most of the
 #: host's memory), a short context.
@@ -42,8 +42,7 @@ CPU_SERVE_ARGS = ["--dtype", "float32"]
 MODELS = ("trained", "reference")
 
 
-def say(msg: str) -> None:
-    print(f"kimi demo: {msg}", file=sys.stderr, flush=True)
+say = sayer("demo")
 
 
 @dataclass(frozen=True)

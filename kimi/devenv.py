@@ -228,6 +228,24 @@ def setup(layout: Layout, line: str, venv: Path | None = None, kernels: str = "a
     _step(f"ready: activate with `source {python.parent / 'activate'}`")
 
 
+def suite_env(layout: Layout, line: str = DEFAULT_LINE, kernels: str = "auto") -> dict[str, str]:
+    """The environment pytest runs in for ``kimi test`` of ``line`` installed at ``layout``."""
+    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": kernels_mode(kernels),
+            "KIMI_CACHE_DIR": str(layout.cache)}
+
+
+def installed_python(layout: Layout) -> Path:
+    """The interpreter of the venv ``kimi setup`` made at ``layout`` (``ROOT/.venv``).
+
+    Raises:
+        KimiError: there is none yet (names ``kimi setup``).
+    """
+    python = _python(layout.root / ".venv")
+    if not python.is_file():
+        raise KimiError(f"{python} does not exist: run `kimi setup` first")
+    return python
+
+
 def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto",
               pytest_args: list[str] | None = None) -> int:
     """The README's test command; returns pytest's exit status (5, no tests, becomes 1)."""
@@ -236,14 +254,42 @@ def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str 
     _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
                 {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))},
                 layout.root)
-    tests = "tests" if line == DEFAULT_LINE else f"tests/{line}"
+    # a line with a test folder of its own (the origin line) runs it; the others (v0.26) the mainline's suite
+    tests = f"tests/{line}" if (layout.root / "tests" / line).is_dir() else "tests"
     named = [a for a in pytest_args or [] if a.startswith("tests/")]  # tests named: run just those
     _step(f"running pytest on {', '.join(named) if named else tests + '/'}"
           + ("" if line == DEFAULT_LINE else f" in {layout.root}"))
-    env = {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": kernels_mode(kernels),
-           "KIMI_CACHE_DIR": str(layout.cache)}
+    env = suite_env(layout, line, kernels)
     code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]), *(pytest_args or [])],
                           cwd=layout.root, env=env).returncode
+    if code == PYTEST_NO_TESTS:
+        print("kimi test: error: pytest collected no tests", file=sys.stderr)
+        return 1
+    return code
+
+
+#: The tests `kimi test --fast` runs: those that need no install of the fork (``install``, ``line``), no GPU and
+#: no CMake build; they import only the ``kimi`` package, so this interpreter runs them without a setup step.
+FAST_MARKERS = "not install and not line and not gpu and not build"
+
+
+def run_fast_tests(layout: Layout, pytest_args: list[str] | None = None) -> int:
+    """``kimi test --fast``: pytest ``-m FAST_MARKERS`` on ``tests/`` with this interpreter, no setup (seconds).
+
+    Returns pytest's exit status (5, no tests, becomes 1).
+
+    Raises:
+        KimiError: this interpreter has no pytest (names the install command).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("pytest") is None:
+        raise KimiError(f"--fast runs pytest with {sys.executable}, which has none: "
+                        f"`{sys.executable} -m pip install pytest` (or `kimi test` without --fast)")
+    named = [a for a in pytest_args or [] if a.startswith("tests/")]  # tests named: run just those
+    _step(f"running pytest -m '{FAST_MARKERS}' on {', '.join(named) or 'tests/'} with {sys.executable}")
+    code = subprocess.run([sys.executable, "-m", "pytest", "-m", FAST_MARKERS, *([] if named else ["tests"]),
+                           *(pytest_args or [])], cwd=layout.root).returncode
     if code == PYTEST_NO_TESTS:
         print("kimi test: error: pytest collected no tests", file=sys.stderr)
         return 1

@@ -160,6 +160,16 @@ def _skip_reason(line: str, installed: str | None) -> str:
             f"(`python3 -m kimi test --line {line}`)")
 
 
+def _suite_line(installed: str | None, required: str | None) -> str:
+    """The line an install test without a ``line`` marker belongs to: the line being tested or installed when it
+    has no test folder of its own (``tests/<line>/``, as the origin line has) - the v0.26 line runs the mainline's
+    suite - else the default line."""
+    for line in (required, installed):
+        if line and not (ROOT / "tests" / line).is_dir():
+            return line
+    return DEFAULT_LINE
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip GPU tests without CUDA, ``build`` tests unless KIMI_TEST_BUILD=1, and install tests of a
     line whose vLLM is not the one installed.
@@ -178,7 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_ok = any("gpu" in item.keywords for item in items) and _cuda_available()
     for item in items:
         marker = item.get_closest_marker("line")
-        line = marker.args[0] if marker else DEFAULT_LINE
+        line = marker.args[0] if marker else _suite_line(installed, required)
         if ("install" in item.keywords or marker) and line != installed and line != required:
             item.add_marker(pytest.mark.skip(reason=_skip_reason(line, installed)))
         if "gpu" in item.keywords and not gpu_ok:

@@ -35,3 +35,132 @@ def run_engine_script(script: str, *args: str, env: dict[str, str] | None = None
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-4000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+#: A stand-in for vLLM's offline API, enough for the benchmark scripts' worker side (``kimi.bench``): greedy
+#: "tokens" that depend on the prompt only (so speculation is lossless), spec-decode counters that grow with
+#: each speculative batch (tau 2), logprobs, ``collective_rpc`` on a runner without the timed methods.
+FAKE_VLLM = '''
+import types
+
+__version__ = "0.0.0+kimi.fake"
+
+
+class SamplingParams:
+    def __init__(self, max_tokens=16, logprobs=None, **kw):
+        self.max_tokens, self.logprobs = max_tokens, logprobs
+
+
+class _Metric:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+
+class LLM:
+    def __init__(self, model, speculative_config=None, disable_log_stats=True, **engine):
+        self.spec, self.counts = speculative_config, [0.0, 0.0, 0.0]
+        config = types.SimpleNamespace(use_v2_model_runner=False, speculative_config=None)
+        self.llm_engine = types.SimpleNamespace(vllm_config=config,
+                                                engine_core=types.SimpleNamespace(shutdown=lambda: None))
+
+    def generate(self, requests, params, use_tqdm=True):
+        outputs = []
+        for request in requests:
+            ids = request.get("prompt_token_ids") or [len(request.get("prompt", ""))]
+            tokens = [(sum(ids) + 7 * i) % 97 for i in range(params.max_tokens)]
+            logprobs = [{t: types.SimpleNamespace(logprob=-0.1), t + 1: types.SimpleNamespace(logprob=-2.0)}
+                        for t in tokens] if params.logprobs else None
+            outputs.append(types.SimpleNamespace(prompt_token_ids=ids, outputs=[
+                types.SimpleNamespace(token_ids=tokens, logprobs=logprobs)]))
+            if self.spec:
+                k = self.spec["num_speculative_tokens"]
+                drafts = params.max_tokens / 2
+                self.counts = [self.counts[0] + drafts, self.counts[1] + k * drafts, self.counts[2] + drafts]
+        return outputs
+
+    def get_metrics(self):
+        names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+        return [_Metric(name, value) for name, value in zip(names, self.counts)]
+
+    def collective_rpc(self, fn):
+        worker = getattr(self, "_worker", None) or types.SimpleNamespace(model_runner=types.SimpleNamespace())
+        self._worker = worker
+        return [fn(worker)]
+'''
+
+#: ``python -m vllm.entrypoints.cli.main serve MODEL --host H --port P ...`` of the stand-in: an HTTP server with
+#: ``/health``, ``/v1/completions`` (the tokens :data:`FAKE_VLLM` gives offline) and ``/metrics``.
+FAKE_SERVE = '''
+import json
+import signal
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ARGS = sys.argv[1:]
+DRAFTS = [0]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def reply(self, status, text):
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            self.reply(200, f"vllm:spec_decode_num_drafts_total{{engine=\\"0\\"}} {DRAFTS[0]}\\n")
+        else:
+            self.reply(200, "ok")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids = body["prompt"]
+        tokens = [(sum(ids) + 7 * i) % 97 for i in range(body["max_tokens"])]
+        DRAFTS[0] += 1
+        self.reply(200, json.dumps({"choices": [{"text": "x", "token_ids": tokens}],
+                                    "usage": {"completion_tokens": len(tokens)}}))
+
+
+if __name__ == "__main__":
+    assert ARGS[0] == "serve", ARGS
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the caller ignores SIGINT
+    port = int(ARGS[ARGS.index("--port") + 1])
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+FAKE_TORCH = '''
+__version__ = "0.0.0+fake"
+
+
+class cuda:
+    @staticmethod
+    def is_available():
+        return False
+'''
+
+
+def fake_vllm_site(dest: Path) -> Path:
+    """A folder holding the stand-ins ``vllm`` (:data:`FAKE_VLLM`, :data:`FAKE_SERVE`) and ``torch``, to put first
+    on a benchmark worker's ``PYTHONPATH``; returns ``dest``."""
+    files = {"vllm/__init__.py": FAKE_VLLM, "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/cli/__init__.py": "",
+             "vllm/entrypoints/cli/main.py": FAKE_SERVE, "torch/__init__.py": FAKE_TORCH}
+    for name, text in files.items():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_text(text)
+    return dest
+
+
+def tiny_tokenizer(path: Path) -> Path:
+    """A byte-level BPE ``tokenizer.json`` of 300 tokens at ``path`` (needs ``tokenizers``); returns ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["def f(x):\n    return x\n"] * 10, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path

@@ -82,3 +82,21 @@ def test_install_marker_asks_for_the_tools_alone_in_an_older_venv() -> None:
     assert install_needed(key + "\n", key) == "tools"
     assert install_needed(key + "\ntools: pytest\n", key) == "tools"
     assert install_needed(marker_text(key), key) is None
+
+
+def test_fast_runs_the_tests_that_need_no_install_with_this_python(fork: Fork) -> None:
+    """`kimi test --fast`: no setup step, this interpreter, tests marked install/line/gpu/build left out."""
+    (fork.root / "pytest.ini").write_text("[pytest]\nmarkers =\n    install\n    gpu\n    build\n    line(name)\n")
+    tests = fork.root / "tests"
+    tests.mkdir()
+    (tests / "test_a.py").write_text(
+        "import pytest\n\n\ndef test_plain():\n    pass\n\n\n"
+        + "".join(f"@pytest.mark.{m}\ndef test_{m.split('(')[0]}():\n    raise AssertionError('ran')\n\n\n"
+                  for m in ("install", "line('origin')", "gpu", "build")))
+    ran = fork.kimi("test", "--fast", "--", "-q", "-p", "no:cacheprovider")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed, 4 deselected" in ran.stdout
+    assert not (fork.root / ".venv").exists()  # no setup step
+    (tests / "test_a.py").write_text("import pytest\n\n\n@pytest.mark.install\ndef test_i():\n    pass\n")
+    none = fork.kimi("test", "--fast", "--", "-p", "no:cacheprovider")
+    assert none.returncode == 1 and "pytest collected no tests" in none.stderr

@@ -1,113 +1,378 @@
-"""benchmarks/gpu_call.sh, the device command: parts stashed call by call, the kit installed once complete.
+"""benchmarks/gpu_call.sh, the device command, and kimi/gpukit.py, the kit's chunks and manifest.
 
-The light tests use a fake kit and stop before installing. The rehearsal of the three real calls (the kit
-built by benchmarks/gpu_kit.sh in .kimi/gpu-kit, installed with a Python 3.12 like the GPU host's, the fork
-put on it with `kimi install-into`) runs with KIMI_HEAVY=1 when the kit and a python3.12 are there.
+The light tests build a small fake kit with kimi.gpukit.pack (fake wheels: a torch that imports only with the
+carried NCCL on LD_LIBRARY_PATH, as torch 2.13 on the host; a vllm tree; a payload folder), carry its chunks
+call by call into a copy of the repository and run gpu_call.sh with KIMI_KIT_STASH/KIMI_SITE in tmp folders:
+bad chunks refused by name, the missing list, the cold-restart message, the install only once complete, the
+total sha256 check. The rehearsal of the real calls (the kit built by benchmarks/gpu_kit.sh in
+.kimi/gpu-kit-VERSION, installed with a Python 3.12 like the GPU host's, the fork put on it with
+`kimi install-into`) runs with KIMI_HEAVY=1 when the kit and a python3.12 are there.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from kimi import gpukit
 
 SCRIPT = ROOT / "benchmarks" / "gpu_call.sh"
+KIT = ".kimi/gpu-kit-0.32.0"
+
+TORCH_INIT = """\
+import os
+__version__ = "2.13.0+cu130"
+_nccl = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nvidia", "nccl", "lib")
+if _nccl not in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+    raise ImportError("libtorch_cuda.so: undefined symbol: ncclCommResume")
 
 
-def _call(repo: Path, tmp: Path, n: int, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "OUT": str(tmp / f"out{n}"), "KIMI_KIT_STASH": str(tmp / "stash"),
-            "KIMI_SITE": str(tmp / "site"), "KIMI_UPSTREAM_SITE": str(tmp / "upstream"), "KIMI_GPU_STEPS": "install",
-            **env}
-    return subprocess.run(["bash", str(repo / "benchmarks" / "gpu_call.sh")], cwd=repo, env=full,
-                          capture_output=True, text=True, timeout=900)
+class version:
+    cuda = "13.0"
 
 
-def _repo_with(tmp: Path, files: dict[str, Path]) -> Path:
+class cuda:
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def get_device_name(i=0):
+        return "NVIDIA H200"
+
+    class nccl:
+        @staticmethod
+        def version():
+            return (2, 29, 7)
+"""
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
+    """A minimal wheel pip installs offline."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires))
+    entries = {**files, f"{info}/METADATA": meta,
+               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(path, "w") as z:
+        for rel, text in entries.items():
+            z.writestr(rel, text)
+        z.writestr(f"{info}/RECORD", "".join(f"{rel},,\n" for rel in [*entries, f"{info}/RECORD"]))
+    return path
+
+
+def _vllm_tree_xz(path: Path, requires: tuple[str, ...]) -> Path:
+    files = {"vllm/__init__.py": "from vllm._version import __version__\n",
+             "vllm/_version.py": "__version__ = '0.32.0'\n",
+             "vllm-0.32.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n"
+                                               + "".join(f"Requires-Dist: {r}\n" for r in requires)}
+    with tarfile.open(path, "w:xz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _fake_kit(tmp: Path, *, nccl: bool = True, chunk_bytes: int = 4096) -> Path:
+    """A kit of three or more chunks in tmp/kit (the layout gpu_kit.sh writes)."""
+    src = tmp / "src"
+    wheels = src / "wheels"
+    _wheel(wheels, "torch", "2.13.0", {"torch/__init__.py": TORCH_INIT})
+    if nccl:
+        _wheel(wheels, "nvidia_nccl_cu13", "2.29.7", {"nvidia/nccl/lib/libnccl.so.2": "nccl 2.29.7\n"})
+    _wheel(wheels, "tinydep", "1.0", {"tinydep.py": "X = 1\n" + "# padding\n" * 600})
+    _vllm_tree_xz(src / "vllm.tar.xz", ("torch==2.13.0", "tinydep>=1.0", "kimi-fake-missing>=1.0"))
+    pair = src / "pair"
+    pair.mkdir()
+    (pair / "config.json").write_text(json.dumps({"model_type": "llama"}) + "\n")
+    man = gpukit.pack(tmp / "kit", chunk_bytes / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", wheels)],
+                      [(".kimi/models/pair", pair)], {"version": "0.32.0", "torch": "2.13.0", "skip": []})
+    assert len(man["chunks"]) >= 3
+    return tmp / "kit"
+
+
+def _repo(tmp: Path, kit: Path, carry: list[str], manifest: bool = True) -> Path:
+    """tmp/repo as a device call lays it: the scripts, kimi/gpukit.py, the carried kit files only."""
     repo = tmp / "repo"
     (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
+    (repo / "kimi").mkdir(exist_ok=True)
     shutil.copy2(SCRIPT, repo / "benchmarks" / "gpu_call.sh")
-    kit = repo / ".kimi" / "gpu-kit"
-    shutil.rmtree(kit, ignore_errors=True)
-    kit.mkdir(parents=True)
-    for name, src in files.items():
-        os.link(src, kit / name) if src.stat().st_dev == kit.stat().st_dev else shutil.copy2(src, kit / name)
+    shutil.copy2(ROOT / "kimi" / "gpukit.py", repo / "kimi" / "gpukit.py")
+    dest = repo / KIT
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in [*carry, *([gpukit.MANIFEST] if manifest else [])]:
+        shutil.copy2(kit / name, dest / name)
     return repo
 
 
-def _fake_kit(tmp: Path) -> dict[str, Path]:
-    kit = tmp / "kit"
-    kit.mkdir()
-    parts = [b"a" * 100, b"b" * 100, b"c" * 10]
-    for i, data in enumerate(parts):
-        (kit / f"part{i:02d}").write_bytes(data)
-    (kit / "SHA256").write_text(hashlib.sha256(b"".join(parts)).hexdigest() + "\n")
-    (kit / "PARTS.sha256").write_text("".join(f"{hashlib.sha256(d).hexdigest()}  part{i:02d}\n"
-                                              for i, d in enumerate(parts)))
-    return {p.name: p for p in kit.iterdir()}
+def _call(repo: Path, tmp: Path, n: int, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "OUT": str(tmp / f"out{n}"), "KIMI_KIT_STASH": str(tmp / "stash"),
+            "KIMI_SITE": str(tmp / "site"), "KIMI_UPSTREAM_SITE": str(tmp / "upstream"),
+            "KIMI_PAYLOAD_ROOT": str(tmp / "payload"), "KIMI_PYTHON": sys.executable,
+            "KIMI_KIT_PYTHON": sys.executable, "KIMI_GPU_STEPS": "kit", **env}
+    full.pop("LD_LIBRARY_PATH", None)
+    return subprocess.run(["bash", str(repo / "benchmarks" / "gpu_call.sh"), *args], cwd=repo, env=full,
+                          capture_output=True, text=True, timeout=900)
 
 
-def test_parts_are_stashed_call_by_call_and_missing_or_corrupt_ones_named(tmp_path: Path) -> None:
+def _names(kit: Path) -> list[str]:
+    return [c["name"] for c in json.loads((kit / gpukit.MANIFEST).read_text())["chunks"]]
+
+
+def _steps(tmp: Path, n: int) -> list[str]:
+    return [s["step"] for s in json.loads((tmp / f"out{n}" / "gpu_call.json").read_text())["steps"]]
+
+
+# -- kimi/gpukit.py ------------------------------------------------------------------------------------------------
+
+def test_pack_writes_one_stream_cut_into_chunks_with_a_manifest(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
-    meta = {k: v for k, v in kit.items() if not k.startswith("part")}
-    first = _call(_repo_with(tmp_path, {"part00": kit["part00"], **meta}), tmp_path, 0)
-    assert first.returncode == 0, first.stderr
-    assert "still needed part01 part02" in first.stdout
-    assert json.loads((tmp_path / "out0" / "gpu_call.json").read_text())["steps"][0]["step"] == "stash"
-    (tmp_path / "stash" / "part00").write_bytes(b"x")  # damaged in the stash
-    second = _call(_repo_with(tmp_path, {"part01": kit["part01"], **meta}), tmp_path, 1)
-    assert "corrupt parts removed: part00" in second.stdout and "still needed part02 part00" in second.stdout
+    man = json.loads((kit / gpukit.MANIFEST).read_text())
+    data = b"".join((kit / c["name"]).read_bytes() for c in man["chunks"])
+    assert [c["name"] for c in man["chunks"]] == [f"chunk{i:02d}" for i in range(len(man["chunks"]))]
+    assert all(c["size"] == man["chunk_size"] == 4096 for c in man["chunks"][:-1])
+    assert 0 < man["chunks"][-1]["size"] <= 4096 and len(data) == man["total_size"]
+    assert hashlib.sha256(data).hexdigest() == man["total_sha256"] and man["kit_id"] == man["total_sha256"][:16]
+    assert all(hashlib.sha256((kit / c["name"]).read_bytes()).hexdigest() == c["sha256"] for c in man["chunks"])
+    assert man["version"] == "0.32.0" and man["torch"] == "2.13.0" and man["payloads"] == [".kimi/models/pair"]
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+        inner = json.loads(tar.extractfile("kit.json").read())
+    assert names[0] == "kit.json" and "vllm.tar.xz" in names and "payload/.kimi/models/pair/config.json" in names
+    assert {"wheels/torch-2.13.0-py3-none-any.whl", "wheels/tinydep-1.0-py3-none-any.whl"} <= set(names)
+    assert inner["torch"] == "2.13.0" and inner["payloads"] == [".kimi/models/pair"]
+    # the same inputs make the same stream; another chunk size replaces every chunk; two wheels of one project
+    # are refused
+    os.utime(tmp_path / "src" / "wheels", (1, 1))
+    again = gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", tmp_path / "src" / "vllm.tar.xz"),
+                                                  ("wheels", tmp_path / "src" / "wheels")],
+                        [(".kimi/models/pair", tmp_path / "src" / "pair")], {"version": "0.32.0", "torch": "2.13.0",
+                                                                             "skip": []})
+    assert again["total_sha256"] == man["total_sha256"] and again["chunks"] == man["chunks"]
+    gpukit.pack(kit, 3 * 4096 / gpukit.MiB, [("wheels", tmp_path / "src" / "wheels")], [], {"version": "x"})
+    assert sorted(p.name for p in kit.glob("chunk*")) == _names(kit)
+    _wheel(tmp_path / "src" / "wheels", "torch", "2.12.0", {"torch/__init__.py": ""})
+    with pytest.raises(gpukit.KitError, match="two wheels of one project"):
+        gpukit.pack(kit, 1, [("wheels", tmp_path / "src" / "wheels")], [], {})
+
+
+def test_default_chunk_leaves_room_for_the_working_tree() -> None:
+    assert gpukit.default_chunk_mib(int(2.7 * gpukit.MiB)) == 57
+    assert gpukit.default_chunk_mib(0) == 60
+    with pytest.raises(gpukit.KitError):
+        gpukit.default_chunk_mib(61 * gpukit.MiB)
+    assert gpukit.tree_bytes(ROOT) > 0
+
+
+def test_torch_stack_comes_from_the_torch_wheels_own_pins(tmp_path: Path) -> None:
+    pins = ("filelock", 'triton==3.7.1; platform_system == "Linux"',
+            'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"', 'optree>=0.13.0; extra == "optree"')
+    torch = _wheel(tmp_path, "torch", "2.13.0", {}, pins)
+    assert gpukit.torch_stack(torch) == ("2.13.0", ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"], [])
+    other = _wheel(tmp_path / "b", "torch", "2.14.0", {}, pins)
+    version, reqs, warnings = gpukit.torch_stack(other)
+    assert reqs == ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"] and "not tried on the GPU host" in warnings[0]
+    with pytest.raises(gpukit.KitError, match="pins no nvidia-nccl-cu13"):
+        gpukit.torch_stack(_wheel(tmp_path / "c", "torch", "2.13.0", {}, pins[:2]))
+    vllm = _wheel(tmp_path, "vllm", "0.32.0", {}, ("torch==2.13.0", "torchvision==0.28.0", "regex"))
+    assert gpukit.exact_pins(gpukit.wheel_requires(vllm)) == {"torch": "2.13.0", "torchvision": "0.28.0"}
+
+
+def test_host_pins_carry_only_what_the_host_has_too_old(tmp_path: Path) -> None:
+    pytest.importorskip("packaging")
+    w = _wheel(tmp_path, "carried", "1.0", {}, ("numpy<2.4,>=1.25", "transformers>=9.0", "aiohttp>=3.14.3",
+                                                 "nvidia-cudnn-cu13==9.20.0.48", "tokenizers>=0.23.2", "jax>=0.1"))
+    host = {"numpy", "transformers", "aiohttp", "nvidia-cudnn-cu13", "tokenizers"}
+    states = {e["name"]: e["state"] for e in gpukit.host_pins([w], host, set())}
+    assert states == {"numpy": "newer", "transformers": "older", "aiohttp": "unknown", "nvidia-cudnn-cu13": "older",
+                      "tokenizers": "ok"}
+    lines = "\n".join(gpukit._host_pins_report(gpukit.host_pins([w], host, set())))
+    assert "host misses, carried: transformers" in lines and "host misses, reported only: nvidia-cudnn-cu13" in lines
+    assert "host newer, reported only: numpy" in lines
+    assert "unverified (checked on the host at install): aiohttp" in lines
+
+
+def test_calls_helper_prints_the_device_calls_in_order(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    kit = _fake_kit(tmp_path)
+    shutil.copytree(kit, repo / KIT)
+    names = _names(kit)
+    run = subprocess.run([sys.executable, str(ROOT / "kimi" / "gpukit.py"), "calls", "--kit", KIT, "--json"],
+                         cwd=repo, capture_output=True, text=True, check=True)
+    calls = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [c["carry"] for c in calls] == [[f"{KIT}/MANIFEST.json", f"{KIT}/{n}"] for n in names]
+    assert {c["command"] for c in calls} == {"bash benchmarks/gpu_call.sh"} and calls[-1]["timeout_s"] == 600
+    only = subprocess.run([sys.executable, str(ROOT / "kimi" / "gpukit.py"), "calls", "--kit", KIT, "--only",
+                           f"{names[1]},{names[-1]}", "--last-command",
+                           "KIMI_GPU_STEPS=kit bash benchmarks/gpu_call.sh"],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert f"{KIT}/{names[1]}" in only and f"{KIT}/{names[0]}\"" not in only and "KIMI_GPU_STEPS=kit" in only
+
+
+# -- benchmarks/gpu_call.sh ------------------------------------------------------------------------------------------
+
+def test_chunks_stashed_call_by_call_bad_ones_refused_and_install_only_when_complete(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    names = _names(kit)
+    site, box = tmp_path / "site", tmp_path / "stash" / json.loads((kit / gpukit.MANIFEST).read_text())["kit_id"]
+    first = _call(_repo(tmp_path, kit, [names[0]]), tmp_path, 0)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"stashed {names[0]}" in first.stdout
+    assert f"still missing {len(names) - 1}: {' '.join(names[1:])}" in first.stdout
+    assert f"next: carry {KIT}/MANIFEST.json and {KIT}/{names[1]}" in first.stdout
+    assert "RESTARTED" not in first.stdout and not site.exists() and _steps(tmp_path, 0) == ["stash"]
+    report = json.loads((tmp_path / "out0" / "kit-stash.json").read_text())
+    assert report["state"] == "incomplete" and report["have"] == names[:1] and report["missing"] == names[1:]
+
+    # a chunk damaged on the way is refused by name and not stashed
+    repo = _repo(tmp_path, kit, [names[1]])
+    (repo / KIT / names[1]).write_bytes(b"x" + (kit / names[1]).read_bytes()[1:])
+    bad = _call(repo, tmp_path, 1)
+    assert bad.returncode == 2 and f"REFUSED {names[1]}" in bad.stdout and f"carry {names[1]} again" in bad.stdout
+    assert not (box / names[1]).exists() and not site.exists()
+
+    # the rest, one call each; nothing is installed before the last one
+    for i, name in enumerate(names[1:-1], 2):
+        r = _call(_repo(tmp_path, kit, [name]), tmp_path, i)
+        assert r.returncode == 0 and not site.exists(), r.stdout + r.stderr
+        assert f"still missing {len(names) - i}:" in r.stdout
+    last = _call(_repo(tmp_path, kit, [names[-1]]), tmp_path, 9)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert "total sha256 ok" in last.stdout and "kit installed" in last.stdout
+    assert "torch: 2.13.0+cu130 cuda_available=True cuda=13.0 nccl=2.29.7 device=NVIDIA_H200" in last.stdout
+    assert "(the kit pins torch 2.13.0)" in last.stdout
+    assert "missing  kimi-fake-missing; wanted >=1.0 (vllm)" in last.stdout  # check-reqs: a requirement nothing meets
+    assert (site / "vllm" / "_version.py").is_file() and (site / "torch" / "__init__.py").is_file()
+    assert (site / ".kit-sha256").read_text().strip() == json.loads((kit / gpukit.MANIFEST).read_text())["total_sha256"]
+    assert (tmp_path / "upstream" / "vllm" / "_version.py").is_file()
+    pair = tmp_path / "repo" / ".kimi" / "models" / "pair"  # the payload, linked at its path in the repository
+    assert pair.is_symlink() and json.loads((pair / "config.json").read_text())["model_type"] == "llama"
+    assert not box.exists() and not (tmp_path / "site.bundle").exists()  # /tmp freed
+    assert _steps(tmp_path, 9) == ["stash", "kit_unpack", "kit_install", "upstream_copy", "torch_check", "check_reqs"]
+
+    # a later call needs no chunk; a command runs once the kit is there
+    again = _call(_repo(tmp_path, kit, []), tmp_path, 10, KIMI_GPU_STEPS="all")
+    assert "kit already installed" in again.stdout and "torch:" not in again.stdout
+    bare = _call(_repo(tmp_path, kit, [], manifest=False), tmp_path, 11)
+    assert bare.returncode == 0 and "kit already installed" in bare.stdout
+
+
+def test_a_cold_machine_is_recognised_and_the_chunks_from_the_start_named(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    names = _names(kit)
+    cold = _call(_repo(tmp_path, kit, [names[2]]), tmp_path, 0)
+    assert cold.returncode == 0, cold.stdout + cold.stderr
+    assert "MACHINE RESTARTED" in cold.stdout and f"Needed again from the start: {names[0]} {names[1]}" in cold.stdout
+    assert f"stashed {names[2]}" in cold.stdout  # the chunk it brought is kept
+    warm = _call(_repo(tmp_path, kit, [names[0]]), tmp_path, 1)
+    assert "RESTARTED" not in warm.stdout and names[2] not in warm.stdout.split("still missing")[1]
+    shutil.rmtree(tmp_path / "stash")
+    nothing = _call(_repo(tmp_path, kit, []), tmp_path, 2)
+    assert "NOTHING STASHED" in nothing.stdout and f"from the start: {' '.join(names)}" in nothing.stdout
+    none = _call(_repo(tmp_path, kit, [], manifest=False), tmp_path, 3)
+    assert none.returncode == 3 and "none installed" in none.stdout
+    waiting = _call(_repo(tmp_path, kit, [names[1]]), tmp_path, 4, "touch", str(tmp_path / "ran"))
+    assert waiting.returncode == 3 and "kit incomplete: not running touch" in waiting.stdout
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_whole_streams_sha256_is_checked_before_unpacking(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    names = _names(kit)
+    man = json.loads((kit / gpukit.MANIFEST).read_text())
+    # a chunk changed in the stash after it was checked: named, removed, nothing installed
+    _call(_repo(tmp_path, kit, names[:-1]), tmp_path, 0)
+    box = tmp_path / "stash" / man["kit_id"]
+    (box / names[0]).write_bytes(b"y" * man["chunks"][0]["size"])
+    r = _call(_repo(tmp_path, kit, names[-1:]), tmp_path, 1)
+    assert r.returncode == 2 and f"{names[0]} changed in the stash" in r.stdout and not (box / names[0]).exists()
     assert not (tmp_path / "site").exists()
+    # a manifest whose chunks are right but whose total is not (not of one build): refused before unpacking
+    man["total_sha256"] = "0" * 64
+    (kit / gpukit.MANIFEST).write_text(json.dumps(man))
+    r = _call(_repo(tmp_path, kit, names), tmp_path, 2)
+    assert r.returncode == 2 and "total sha256 check FAILED" in r.stdout and not (tmp_path / "site").exists()
+    assert _steps(tmp_path, 2) == ["stash", "kit_unpack"]
 
 
-@pytest.mark.skipif(os.environ.get("KIMI_HEAVY") != "1", reason="heavy: installs the real kit (~600 MB); "
+def test_the_kits_torch_is_checked_and_needs_the_carried_nccl(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path, nccl=False)
+    r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0)
+    assert r.returncode == 1 and "torch check FAILED" in r.stdout and "ncclCommResume" in r.stdout
+    assert _steps(tmp_path, 0)[-1] == "torch_check"
+
+
+def test_a_failed_install_stops_the_call_with_pips_words(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    (tmp_path / "src" / "wheels" / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", tmp_path / "src" / "vllm.tar.xz"),
+                                          ("wheels", tmp_path / "src" / "wheels")], [], {"torch": "2.13.0"})
+    r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0)
+    assert r.returncode != 0 and "broken-1.0" in r.stdout and _steps(tmp_path, 0)[-1] == "kit_install"
+    assert not (tmp_path / "site" / ".kit-sha256").exists()
+
+
+def test_the_kit_with_chunks_is_taken_when_an_older_kits_manifest_is_left(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    repo = _repo(tmp_path, kit, _names(kit)[:1])
+    stale = repo / ".kimi" / "gpu-kit-0.26.0"  # a warm machine keeps the ignored paths of earlier calls
+    stale.mkdir()
+    shutil.copy2(kit / gpukit.MANIFEST, stale / gpukit.MANIFEST)
+    r = _call(repo, tmp_path, 0)
+    assert r.returncode == 0 and f"stashed {_names(kit)[0]}" in r.stdout, r.stdout + r.stderr
+    shutil.copy2(kit / _names(kit)[1], stale / _names(kit)[1])
+    r = _call(repo, tmp_path, 1)
+    assert r.returncode == 3 and "several kits carried" in r.stdout
+    r = _call(repo, tmp_path, 2, KIMI_KIT_DIR=str(repo / KIT))
+    assert r.returncode == 0 and _names(kit)[0] in r.stdout
+
+
+@pytest.mark.skipif(os.environ.get("KIMI_HEAVY") != "1", reason="heavy: installs the real kit (~1.1 GB); "
                     "set KIMI_HEAVY=1 after `bash benchmarks/gpu_kit.sh`")
-def test_rehearsal_of_the_three_device_calls_with_the_real_kit(tmp_path: Path) -> None:
-    kit_dir = ROOT / ".kimi" / "gpu-kit"
+def test_rehearsal_of_the_device_calls_with_the_real_kit(tmp_path: Path) -> None:
+    version = json.loads((ROOT / "kimi" / "lines" / "mainline" / "pin.json").read_text())["version"]
+    kit_dir = ROOT / ".kimi" / f"gpu-kit-{version}"
     pyenv = sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))
     python = (pyenv[-1] if pyenv else None) or shutil.which("python3.12")
-    if not (kit_dir / "SHA256").is_file() or not python:
-        pytest.skip("needs .kimi/gpu-kit (bash benchmarks/gpu_kit.sh) and a python3.12")
+    if not (kit_dir / gpukit.MANIFEST).is_file() or not python:
+        pytest.skip(f"needs {kit_dir} (bash benchmarks/gpu_kit.sh) and a python3.12")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     shutil.rmtree(clone / "kimi")
     shutil.copytree(ROOT / "kimi", clone / "kimi", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(SCRIPT, clone / "benchmarks" / "gpu_call.sh")
-    meta = {n: kit_dir / n for n in ("SHA256", "PARTS.sha256") if (kit_dir / n).is_file()}
-    parts = sorted(p for p in kit_dir.glob("part*"))
-    for n, part in enumerate(parts):
-        kit = clone / ".kimi" / "gpu-kit"
+    env = {"KIMI_PYTHON": str(python), "KIMI_GPU_STEPS": "install", "KIMI_KIT_CHECK_TORCH": "0"}
+    for n, name in enumerate(_names(kit_dir)):
+        kit = clone / ".kimi" / kit_dir.name
         shutil.rmtree(kit, ignore_errors=True)
         kit.mkdir(parents=True)
-        for name, src in {part.name: part, **meta}.items():
-            os.link(src, kit / name)
-        result = _call(clone, tmp_path, n, KIMI_PYTHON=str(python))
+        for f in (gpukit.MANIFEST, name):
+            os.link(kit_dir / f, kit / f)
+        result = _call(clone, tmp_path, n, **env)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "vllm/_version.py says 0.26.0+kimi.1.cuda" in result.stdout, result.stdout[-3000:]
-    assert (tmp_path / "site" / "kimi" / "drafter" / "serving.py").is_file()
+    assert f"vllm/_version.py says {version}+kimi." in result.stdout, result.stdout[-3000:]
+    assert (tmp_path / "site" / "kimi" / "__init__.py").is_file()  # install-into copies the fork beside vllm
     upstream = (tmp_path / "upstream" / "vllm" / "_version.py").read_text()  # pristine copy for perf_vs_upstream
-    assert "0.26.0" in upstream and "+kimi" not in upstream
-    again = _call(clone, tmp_path, 9, KIMI_PYTHON=str(python))
+    assert version in upstream and "+kimi" not in upstream
+    again = _call(clone, tmp_path, 99, **env)
     assert "kit already installed" in again.stdout and "nothing to do" in again.stderr + again.stdout
-    # a caller's command runs after the set-up, with the two sites exported (what perf_vs_upstream.py needs);
-    # the set-up imports vllm first, which needs torch (the GPU host has it system-wide, the kit does not)
-    if subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0:
-        pytest.skip(f"the kit installed and the upstream copy checked; the command step needs torch for {python}")
-    shown = "import os; print('SITES', os.environ['KIMI_SITE'], os.environ['KIMI_UPSTREAM_SITE'])"
-    full = {**os.environ, "OUT": str(tmp_path / "out10"), "KIMI_KIT_STASH": str(tmp_path / "stash"),
-            "KIMI_SITE": str(tmp_path / "site"), "KIMI_UPSTREAM_SITE": str(tmp_path / "upstream"),
-            "KIMI_PYTHON": str(python)}
-    command = subprocess.run(["bash", "benchmarks/gpu_call.sh", str(python), "-c", shown], cwd=clone, env=full,
-                             capture_output=True, text=True, timeout=900)
-    assert f"SITES {tmp_path / 'site'} {tmp_path / 'upstream'}" in command.stdout, command.stdout[-3000:]
-    steps = [s["step"] for s in json.loads((tmp_path / "out10" / "gpu_call.json").read_text())["steps"]]
-    assert steps[-1] == "command" and "gpu_e2e" not in steps
 
 
 def test_perf_two_gpus_runs_each_model_on_its_gpu_and_cpu_half(tmp_path: Path) -> None:

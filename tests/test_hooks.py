@@ -58,8 +58,8 @@ def test_every_hook_is_called_by_a_patch() -> None:
     called = {name for line in LINES.iterdir() for patch in load_series(line / "patches")
               for _, text in _added_lines(patch.diff) for name in re.findall(r"\bkimi\.hooks\.(\w+)", text)}
     modules = {p.stem for p in HOOKS.glob("*.py") if p.stem != "__init__"}
-    assert modules - called == set(), "hook modules no patch calls"
-    assert BUILD_TIME <= modules
+    assert not modules - called, "hook modules no patch calls"
+    assert modules >= BUILD_TIME
 
 
 def test_runtime_part_is_hooks_and_what_they_import() -> None:

@@ -1,5 +1,5 @@
-"""benchmarks/perf_vs_upstream.py without a GPU: step times, rows, the ideal bound, the projection, the goal,
-and the Kimi slice's configs (accepted by ``kimi drafter inspect``)."""
+"""benchmarks/perf_vs_upstream.py's library (kimi.bench.perf) without a GPU: step times, rows, the ideal bound,
+the projection, the goal, the worker protocol, and the Kimi slice's configs (accepted by ``kimi drafter inspect``)."""
 
 from __future__ import annotations
 
@@ -12,24 +12,27 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import perf_vs_upstream as perf  # noqa: E402
-
-from kimi.models import kimi_slice  # noqa: E402
-from pngs import assert_png, require_matplotlib  # noqa: E402
+from kimi.bench.perf import analysis, orchestrate
+from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
+from kimi.bench.perf.measure import merge_round
+from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
+from kimi.bench.perf.plan import plan, variant_env
+from kimi.bench.perf.render import write_outputs
+from kimi.bench.timers import step_times
+from kimi.bench.workers import await_turn
+from kimi.models import kimi_slice
+from pngs import assert_png, require_matplotlib
 
 
 def test_step_times_take_the_steady_batch_and_spread_draft_time_over_draft_tokens() -> None:
     calls = {"target_forward": [(512, 0.5), (4, 0.002), (4, 0.004), (4, 0.003)],
              "target_logits": [(512, 0.1), (4, 0.001), (4, 0.001), (4, 0.001)],
              "draft_forward": [(16, 0.004), (4, 0.002)], "draft_head": [(4, 0.001)] * 3}
-    steps = perf.step_times(calls)
+    steps = step_times(calls)
     assert steps["target_tokens"] == 4 and steps["target_calls"] == 3
     assert steps["target_ms"] == pytest.approx(3.0 + 1.0)
     assert steps["draft_per_token_ms"] == pytest.approx((6 + 3) / 3)
-    assert perf.step_times({}) == {}
+    assert step_times({}) == {}
 
 
 def _result(tok_s: float, tau: float | None, target_ms: float | None, draft_ms: float | None = None,
@@ -53,14 +56,14 @@ def _jobs(model: str = "pair", k: int = 3) -> list[dict]:
 def test_rows_ratios_and_ideal_speedup() -> None:
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
             "pair/fork_k3": _result(198.0, 2.5, 2.4, 0.4), "pair/check_k3": _result(1.0, 2.5, 2.4, 0.5)}
-    rows = perf.rows_of(runs, _jobs())
+    rows = rows_of(runs, _jobs())
     assert len(rows) == 1  # the check engine is not a row
     row = rows[0]
     assert (row["fork_vs_upstream"], row["fork_vs_nospec"], row["upstream_vs_nospec"]) == (1.1, 1.98, 1.8)
     # tau * t_target / (t_verify + k t_draft) = 2.5 * 2.0 / (2.4 + 3 * 0.4)
     assert row["ideal_speedup"] == pytest.approx(2.5 * 2.0 / 3.6, abs=1e-3)
     assert row["t_draft_ms_upstream"] == 0.5 and row["steps_from"] == "fork"
-    goal = perf.goal(rows)
+    goal = analysis.goal(rows)
     assert goal["pair_k3_c1_16_met"] and goal["floor_met"] and goal["min_anywhere"] == 1.1
 
 
@@ -69,13 +72,13 @@ def test_held_runner_columns_and_step_times_when_the_fork_has_none() -> None:
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
             "pair/fork_k3": _result(270.0, 2.6, None, runner="v2"),
             "pair/fork_v2_k3": _result(260.0, 2.1, None, runner="v2")}
-    row = perf.rows_of(runs, _jobs())[0]
+    row = rows_of(runs, _jobs())[0]
     assert (row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("upstream", 2.4, 0.5)
     assert row["ideal_speedup"] == pytest.approx(2.6 * 2.0 / (2.4 + 3 * 0.5), abs=1e-3)  # the fork's tau
     assert (row["fork_v2_tok_s"], row["fork_v2_vs_upstream"], row["tau_v2"]) == (260.0, 1.4444, 2.1)
     assert (row["fork_v1_tok_s"], row["fork_v1_vs_upstream"], row["tau_v1"]) == (None, None, None)
     runs["pair/fork_v1_k3"] = _result(170.0, 2.9, 2.2, 0.45)
-    row = perf.rows_of(runs, _jobs())[0]
+    row = rows_of(runs, _jobs())[0]
     assert (row["steps_from"], row["t_verify_ms"], row["t_draft_ms"]) == ("fork_v1", 2.2, 0.45)
     assert (row["fork_v1_tok_s"], row["fork_v1_vs_upstream"], row["tau_v1"]) == (170.0, 0.9444, 2.9)
     assert row["fork_runner"] == "v2"
@@ -84,21 +87,21 @@ def test_held_runner_columns_and_step_times_when_the_fork_has_none() -> None:
 def test_goal_fails_below_the_floor() -> None:
     rows = [{"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.2},
             {"model": "pair", "k": 1, "concurrency": 64, "fork_vs_upstream": 0.97}]
-    goal = perf.goal(rows)
+    goal = analysis.goal(rows)
     assert goal["pair_k3_c1_16_met"] and not goal["floor_met"] and goal["min_anywhere"] == 0.97
 
 
 def test_same_as_nospec_counts_identical_sequences() -> None:
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/fork_k3": _result(150.0, 2.0, 2.4, 0.4)}
     runs["pair/fork_k3"]["by_concurrency"]["4"]["tokens"] = [[1, 2], [3, 5]]
-    assert perf.same_as_nospec(runs, _jobs()) == {"pair/fork_k3": {"4": [1, 2]}}
+    assert same_as_nospec(runs, _jobs()) == {"pair/fork_k3": {"4": [1, 2]}}
 
 
 def test_projection_from_two_slice_depths() -> None:
     # 4-layer slice 10 ms, 3-layer 8 ms: 2 ms per MoE layer
     runs = {"kimi_slice/nospec": _result(1.0, None, 10.0), "kimi_slice/nospec_shallow": _result(1.0, None, 8.0)}
     rows = [{"model": "kimi_slice", "concurrency": 4, "k": 3, "t_verify_ms": 12.0, "t_draft_ms": 1.0}]
-    p = perf.projection(runs, rows)["c4_k3"]
+    p = projection(runs, rows)["c4_k3"]
     moe_full, moe_here = kimi_slice.FULL_LAYERS - 1, kimi_slice.SPEC_LAYERS - 1
     tp8 = 10.0 - moe_here * 2.0 + moe_full * 2.0 / 8
     assert p["t_moe_layer_ms"] == 2.0
@@ -106,21 +109,21 @@ def test_projection_from_two_slice_depths() -> None:
     assert p["t_target_61_tp8_ms"] == pytest.approx(tp8)
     spent = 1.2 * tp8 + 3 * 1.0
     assert p["break_even_tau"] == pytest.approx(spent / tp8, abs=1e-3)
-    assert perf.projection({}, rows) == {}
+    assert projection({}, rows) == {}
 
 
 def test_markdown_and_json_are_written(tmp_path: Path) -> None:
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
             "pair/fork_k3": _result(198.0, 2.5, 2.4, 0.4)}
     jobs = _jobs()[:3]
-    rows = perf.rows_of(runs, jobs)
+    rows = rows_of(runs, jobs)
     summary = {"command": "x", "date": "2026-11-30T00:00:00+00:00", "device": "test", "versions": {},
                "settings": {"fork_greedy": "auto", "tokens": 8, "slice_tokens": 4, "reps": 1}, "rows": rows,
                "projection": {},
-               "goal": perf.goal(rows), "same_as_nospec": perf.same_as_nospec(runs, jobs), "greedy_check": {},
-               "runs": {n: perf._without_tokens(r) for n, r in runs.items()}}
+               "goal": analysis.goal(rows), "same_as_nospec": same_as_nospec(runs, jobs), "greedy_check": {},
+               "runs": {n: without_tokens(r) for n, r in runs.items()}}
     require_matplotlib()
-    perf.write_outputs(tmp_path, summary)
+    write_outputs(tmp_path, summary)
     assert assert_png(tmp_path / "perf_vs_upstream.png", min_size=(400, 300))
     text = (tmp_path / "perf_vs_upstream.md").read_text()
     assert "| pair | 4 | 3 | 198.0 (v1) | 180.0 | 100.0 | 1.1 |" in text
@@ -134,11 +137,11 @@ def test_markdown_has_the_held_runner_columns_of_the_rows(tmp_path: Path) -> Non
     separator and rows with as many cells."""
     runs = {"pair/nospec": _result(100.0, None, 2.0), "pair/upstream_k3": _result(180.0, 2.5, 2.4, 0.5),
             "pair/fork_k3": _result(300.0, 2.5, None, runner="v2"), "pair/fork_v1_k3": _result(190.0, 2.5, 2.4, 0.4)}
-    rows = perf.rows_of(runs, _jobs())
+    rows = rows_of(runs, _jobs())
     summary = {"command": "x", "date": "2026-11-30T00:00:00+00:00", "device": "test", "versions": {},
                "settings": {"fork_greedy": "auto", "tokens": 8, "slice_tokens": 4, "reps": 1}, "rows": rows,
-               "projection": {}, "goal": perf.goal(rows), "same_as_nospec": {}, "greedy_check": {}, "runs": runs}
-    perf.write_outputs(tmp_path, summary, chart=False)
+               "projection": {}, "goal": analysis.goal(rows), "same_as_nospec": {}, "greedy_check": {}, "runs": runs}
+    write_outputs(tmp_path, summary, chart=False)
     table = [line for line in (tmp_path / "perf_vs_upstream.md").read_text().splitlines() if line.startswith("|")]
     assert "fork on V1 tok/s (/ upstream)" in table[0] and "V2" not in table[0]
     assert len({line.count("|") for line in table}) == 1 and len(table) == 3
@@ -152,6 +155,7 @@ def test_slice_ids_skip_the_embedding_output_and_need_four_layers() -> None:
 
 
 def test_slice_configs_pass_the_drafter_checks(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors", reason="`kimi drafter inspect` reads safetensors headers")
     folders = kimi_slice.write_slice(tmp_path, layers=(3, 4))
     target = json.loads(Path(folders["target-L4"], "config.json").read_text())
     assert (target["hidden_size"], target["num_attention_heads"], target["n_routed_experts"],
@@ -170,13 +174,13 @@ def test_results_of_two_calls_combine_and_different_devices_do_not() -> None:
             "rows": [{"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.0}]}
     other = {**part, "command": "b", "runs": {"kimi_slice/fork_k3": {}}, "projection": {"c4_k3": {}},
              "rows": [{"model": "kimi_slice", "k": 3, "concurrency": 4, "fork_vs_upstream": 0.99}]}
-    both = perf.combine([part, other])
+    both = combine([part, other])
     assert [r["model"] for r in both["rows"]] == ["kimi_slice", "pair"]
     assert set(both["runs"]) == {"pair/fork_k3", "kimi_slice/fork_k3"}
     assert both["projection"] == {}  # recomputed from the joined runs, which hold no step times here
     assert both["goal"]["min_anywhere"] == 0.99 and both["command"] == "a ; b" and both["seconds"] == 20
     with pytest.raises(ValueError, match="cannot combine"):
-        perf.combine([part, {**other, "device": "B200"}])
+        combine([part, {**other, "device": "B200"}])
 
 
 def test_combine_marks_invalid_engines_out_of_the_goal(tmp_path: Path) -> None:
@@ -185,15 +189,15 @@ def test_combine_marks_invalid_engines_out_of_the_goal(tmp_path: Path) -> None:
             "same_as_nospec": {}, "greedy_check": {}, "runs": {},
             "rows": [{"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.2},
                      {"model": "kimi_slice", "k": 3, "concurrency": 4, "fork_vs_upstream": 0.5}]}
-    both = perf.combine([part], {"kimi_slice/fork_k3": "stale head"}, ["seen twice"])
+    both = combine([part], {"kimi_slice/fork_k3": "stale head"}, ["seen twice"])
     assert both["goal"]["min_anywhere"] == 1.2 and both["goal"]["floor_met"]
     assert [r.get("invalid") for r in both["rows"]] == ["stale head", None]
     with pytest.raises(ValueError, match="no rows"):
-        perf.combine([part], {"pair/fork_k5": "x"})
+        combine([part], {"pair/fork_k5": "x"})
     rows = [{**r, **{k: None for k in ("upstream_tok_s", "nospec_tok_s", "fork_vs_nospec", "tau", "t_target_ms",
                                        "t_verify_ms", "t_draft_ms", "t_draft_ms_upstream", "ideal_speedup")},
              "fork_tok_s": 1.0} for r in both["rows"]]
-    perf.write_outputs(tmp_path, {**both, "rows": rows}, chart=False)
+    write_outputs(tmp_path, {**both, "rows": rows}, chart=False)
     text = (tmp_path / "perf_vs_upstream.md").read_text()
     assert "- kimi_slice/fork_k3: not counted: stale head" in text and "- seen twice" in text
     assert "| 0.5 (not counted) |" in text
@@ -204,7 +208,7 @@ def test_projection_of_an_invalid_fork_engine_takes_upstreams_steps() -> None:
             "kimi_slice/upstream_k3": _result(1.0, 1.0, 15.0, 2.0)}
     row = {"model": "kimi_slice", "concurrency": 4, "k": 3, "t_verify_ms": 12.0, "t_draft_ms": 1.0,
            "t_draft_ms_upstream": 2.0, "invalid": "why"}
-    p = perf.projection(runs, [row])["c4_k3"]
+    p = projection(runs, [row])["c4_k3"]
     tp8 = p["t_target_61_tp8_ms"]
     assert p["t_draft_ms"] == 2.0 and p["t_verify_61_tp8_ms"] == pytest.approx(1.5 * tp8, abs=1e-3)
 
@@ -216,21 +220,21 @@ def test_combine_projects_the_slice_from_depths_measured_in_different_calls() ->
             "settings": {}, "projection": {}, "same_as_nospec": {}, "greedy_check": {}}
     deep = {**base, "runs": {"kimi_slice/nospec": _result(1.0, None, 10.0)}, "rows": [slice_row]}
     shallow = {**base, "runs": {"kimi_slice/nospec_shallow": _result(1.0, None, 8.0)}, "rows": []}
-    assert perf.combine([deep, shallow])["projection"]["c4_k3"]["t_moe_layer_ms"] == 2.0
+    assert combine([deep, shallow])["projection"]["c4_k3"]["t_moe_layer_ms"] == 2.0
 
 
 def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     import argparse
 
     args = argparse.Namespace(upstream_site=Path("/tmp/upstream"), fork_site=Path("/tmp/site"), fork_greedy="auto")
-    up = perf.variant_env(args, {"variant": "upstream"}, tmp_path)
-    fork = perf.variant_env(args, {"variant": "fork", "greedy": "check"}, tmp_path)
+    up = variant_env(args, {"variant": "upstream"}, tmp_path)
+    fork = variant_env(args, {"variant": "fork", "greedy": "check"}, tmp_path)
     assert up["PYTHONPATH"].split(os.pathsep)[:2] == ["/tmp/upstream", "/tmp/site"]
     assert fork["PYTHONPATH"].split(os.pathsep)[0] == "/tmp/site" and "/tmp/upstream" not in fork["PYTHONPATH"]
     assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
-    nospec = perf.variant_env(args, {"variant": "nospec"}, tmp_path)
+    nospec = variant_env(args, {"variant": "nospec"}, tmp_path)
     assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"] == nospec["VLLM_CACHE_ROOT"]
-    assert perf.variant_env(args, {"variant": "fork"}, tmp_path, cache="c1")["VLLM_CACHE_ROOT"] == str(tmp_path / "c1")
+    assert variant_env(args, {"variant": "fork"}, tmp_path, cache="c1")["VLLM_CACHE_ROOT"] == str(tmp_path / "c1")
 
 
 def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,26 +243,26 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[1, 3], slice_ks=[3],
                               v1_ks=[3], v2_ks=[1], check=True, engine={}, pair=tmp_path, slice_tokens=4,
                               slice_kv_gib=1, engines=None)
-    jobs = perf.plan(args, [[1, 2]], None)
+    jobs = plan(args, [[1, 2]], None)
     assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v1_k3",
                                          "pair/check_k3", "pair/upstream_k1", "pair/fork_k1", "pair/fork_v2_k1"]
     assert args.engine["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
     assert {j["engine"]["gpu_memory_utilization"] for j in jobs} == {0.05}  # side by side at --parallel-start
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # not inherited: each variant sets or clears it
     env_args = argparse.Namespace(upstream_site=tmp_path, fork_site=tmp_path, fork_greedy="auto")
-    runner = {j["name"]: perf.variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
+    runner = {j["name"]: variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
     # the fork runs as it does by default; held variants and the check engine (its count needs V1) set it
     assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v1_k3": "0",
                       "pair/check_k3": "0", "pair/upstream_k1": None, "pair/fork_k1": None, "pair/fork_v2_k1": "1"}
     env_args.fork_greedy = "check"  # every fork engine counts on the host: all held on V1
-    runner = {j["name"]: perf.variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
+    runner = {j["name"]: variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
     assert {n for n, r in runner.items() if r == "0"} == {n for n in runner if "/fork" in n or "/check" in n}
     assert runner["pair/nospec"] is None and runner["pair/upstream_k3"] is None
     args.engines = ["pair/fork_k1", "pair/nospec"]
-    assert [j["name"] for j in perf.plan(args, [[1, 2]], None)] == ["pair/nospec", "pair/fork_k1"]
+    assert [j["name"] for j in plan(args, [[1, 2]], None)] == ["pair/nospec", "pair/fork_k1"]
     args.engines = ["pair/fork_k9"]
     with pytest.raises(SystemExit, match=r"pair/fork_k9"):
-        perf.plan(args, [[1, 2]], None)
+        plan(args, [[1, 2]], None)
 
 
 def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_path: Path) -> None:
@@ -268,7 +272,7 @@ def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_pat
                               v1_ks=[3], v2_ks=[], check=True, engine={}, slice_tokens=4, slice_kv_gib=1,
                               engines=None)
     dirs = kimi_slice.write_slice(tmp_path, layers=(3, 4))
-    names = [j["name"] for j in perf.plan(args, None, dirs)]
+    names = [j["name"] for j in plan(args, None, dirs)]
     assert names == ["kimi_slice/nospec", "kimi_slice/upstream_k3", "kimi_slice/fork_k3", "kimi_slice/nospec_shallow",
                      "kimi_slice/fork_v1_k3", "kimi_slice/check_k3"]
 
@@ -279,17 +283,17 @@ def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:
     turn = tmp_path / "pair-fork_k3"
     thread = threading.Timer(0.3, lambda: turn.with_suffix(".go1").write_text("last"))
     thread.start()
-    assert perf.await_turn(turn, 1, timeout_s=30) == "last"
+    assert await_turn(turn, 1, timeout_s=30) == "last"
     thread.join()
     with pytest.raises(TimeoutError, match="round 2"):
-        perf.await_turn(turn, 2, timeout_s=0.3)
+        await_turn(turn, 2, timeout_s=0.3)
 
 
 def test_rounds_keep_the_fastest_and_every_rate() -> None:
     by_c: dict = {}
-    perf.merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}})
-    perf.merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1})
-    perf.merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2})
+    merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}})
+    merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1})
+    merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2})
     assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steps": {"target_ms": 1.0}, "tok_s_rounds": [100.0, 130.0, 90.0]}
 
 
@@ -325,13 +329,13 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
             events.append(f"stop {self.name}")
             return {"status": status, "error": why, "seconds": 0.0}
 
-    monkeypatch.setattr(perf, "Worker", FakeWorker)
+    monkeypatch.setattr(orchestrate, "Worker", FakeWorker)
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/upstream_k3", "fake": "dies"},
             {"name": "pair/fork_k3", "fake": "ready"}, {"name": "pair/fork_v2_k3", "fake": "slow"}]
     args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=2)
     runs: dict = {}
     reported: list[str] = []
-    perf.run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
+    run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
     assert events == ["collect pair/upstream_k3", "stop pair/fork_v2_k3", "go0 more pair/nospec", "wait0 pair/nospec",
                       "go0 more pair/fork_k3", "wait0 pair/fork_k3", "go1 last pair/nospec", "collect pair/nospec",
                       "go1 last pair/fork_k3", "collect pair/fork_k3"]
@@ -345,7 +349,7 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/fork_k3", "fake": "overruns"}]
     workers = {j["name"]: FakeWorker(args, j, tmp_path, parallel=True, threads=1) for j in jobs}
     runs = {}
-    perf.measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5), jobs, workers, time.monotonic() + 30, runs,
+    measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5), jobs, workers, time.monotonic() + 30, runs,
                         lambda job: None)
     assert events == ["go0 more pair/nospec", "wait0 pair/nospec", "go0 more pair/fork_k3", "wait0 pair/fork_k3",
                       "go1 stop pair/fork_k3", "collect pair/fork_k3", "go1 stop pair/nospec", "collect pair/nospec"]
@@ -365,6 +369,76 @@ def test_parallel_start_rounds_with_real_engines(tmp_path: Path, trained_pair: P
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     runs = json.loads((out / "perf_vs_upstream.json").read_text())["runs"]
+    assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
+    assert [len(r["by_concurrency"]["2"]["tok_s_rounds"]) for r in runs.values()] == [2, 2]
+    assert "round 2, last" in run.stdout
+
+
+def _fake_call(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``perf_vs_upstream.py --cpu-smoke`` with the stand-in vLLM (``tmp_path/site``, made unless there) as the
+    fork's site: the real orchestrator, worker processes, file protocol, analysis and rendering, no engine."""
+    from engine_script import fake_vllm_site
+
+    site, out = tmp_path / "site", tmp_path / "out"
+    if not site.is_dir():
+        fake_vllm_site(site)
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_vs_upstream.py"), "--cpu-smoke",
+                          "--fork-site", str(site), "--ks", "3", "--concurrency", "1", "2", "--tokens", "4",
+                          "--slice-tokens", "4", "--reps", "1", "--scratch", str(tmp_path / "scratch"),
+                          "--out", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (out / "perf_vs_upstream.json").is_file(), (run.stdout + run.stderr)[-3000:]
+    return run, json.loads((out / "perf_vs_upstream.json").read_text())
+
+
+def test_a_call_runs_every_engine_of_the_plan_in_its_own_worker(tmp_path: Path) -> None:
+    run, summary = _fake_call(tmp_path, "--models", "kimi_slice", "--no-chart")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    runs = summary["runs"]
+    assert list(runs) == ["kimi_slice/nospec", "kimi_slice/upstream_k3", "kimi_slice/fork_k3",
+                          "kimi_slice/nospec_shallow", "kimi_slice/fork_v1_k3", "kimi_slice/check_k3"]
+    assert {r["status"] for r in runs.values()} == {"done"} and runs["kimi_slice/fork_k3"]["runner"] == "v1"
+    assert set(runs["kimi_slice/nospec"]["by_concurrency"]) == {"1", "2"}
+    assert runs["kimi_slice/check_k3"]["greedy_env"] == "check" and list(runs["kimi_slice/check_k3"][
+        "by_concurrency"]) == ["2"]
+    rows = summary["rows"]
+    assert [(r["concurrency"], r["tau"]) for r in rows] == [(1, 2.0), (2, 2.0)]
+    assert summary["same_as_nospec"]["kimi_slice/fork_k3"] == {"1": [1, 1], "2": [2, 2]}
+    text = (tmp_path / "out" / "perf_vs_upstream.md").read_text()
+    assert "| kimi_slice | 2 | 3 |" in text and "- command: `python3 benchmarks/perf_vs_upstream.py --cpu-smoke" in text
+
+
+def test_a_failed_engine_keeps_its_error_and_the_call_goes_on(tmp_path: Path) -> None:
+    """An engine that cannot start (the stand-in vLLM made to raise for the drafter) is an error with its
+    traceback; the others are done and the call's status says one failed."""
+    from engine_script import fake_vllm_site
+
+    site = fake_vllm_site(tmp_path / "site")
+    init = site / "vllm" / "__init__.py"
+    init.write_text(init.read_text().replace("self.spec, self.counts = speculative_config, [0.0, 0.0, 0.0]",
+                                             "self.spec, self.counts = speculative_config, [0.0, 0.0, 0.0]\n"
+                                             "        assert not speculative_config, 'no drafter here'"))
+    run, summary = _fake_call(tmp_path, "--models", "kimi_slice", "--no-chart", "--no-check", "--v1-ks")
+    assert run.returncode == 1
+    status = {n: r["status"] for n, r in summary["runs"].items()}
+    assert status == {"kimi_slice/nospec": "done", "kimi_slice/upstream_k3": "error", "kimi_slice/fork_k3": "error",
+                      "kimi_slice/nospec_shallow": "done"}
+    assert "AssertionError: no drafter here" in summary["runs"]["kimi_slice/fork_k3"]["error"]
+
+
+def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> None:
+    """The install test's protocol check with the stand-in vLLM: two engines start at once, each is measured in
+    two interleaved rounds (turn files, ready and round events), both finish with every round's rate kept."""
+    pytest.importorskip("tokenizers")
+    from engine_script import tiny_tokenizer
+
+    pair = tmp_path / "pair"
+    tiny_tokenizer(pair / "target" / "tokenizer.json")
+    (pair / "MANIFEST.json").write_text("{}")
+    run, summary = _fake_call(tmp_path, "--pair", str(pair), "--models", "pair", "--engines", "pair/nospec",
+                              "pair/fork_k3", "--parallel-start", "--rounds", "2", "--concurrency", "2", "--no-chart")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    runs = summary["runs"]
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
     assert [len(r["by_concurrency"]["2"]["tok_s_rounds"]) for r in runs.values()] == [2, 2]
     assert "round 2, last" in run.stdout

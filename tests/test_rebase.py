@@ -80,6 +80,42 @@ def test_conflict_stops_with_a_report_and_continues(synced: Fork) -> None:
     assert "line 30 upstream and patched\n" in (synced.root / SPEC).read_text()
 
 
+def test_a_resolution_is_kept_and_replays_the_rebase(synced: Fork) -> None:
+    """`--continue` keeps the resolved patch as a port for the release; a later rebase onto the same release (here a
+    dry run from the unrebased series) applies the port at that conflict instead of stopping."""
+    before = {p.name: p.read_text() for p in synced.patches.iterdir()}
+    pin_before = synced.pin_path.read_text()
+    release(synced, "9.9.1", lines((30, "line 30 upstream")))
+    assert rebase(synced, "--to", "9.9.1").returncode == 1
+    work_file = synced.root / ".kimi" / "rebase" / "repo" / SPEC
+    work_file.write_text(lines((10, "line 10 patched"), (30, "line 30 upstream and patched")))
+    resumed = rebase(synced, "--continue")
+    assert resumed.returncode == 0, resumed.stderr
+    port = synced.root / "kimi" / "lines" / "mainline" / "ports" / "9.9.1" / "0002-change-line-30.patch"
+    assert "resolution kept in kimi/lines/mainline/ports/9.9.1/0002-change-line-30.patch" in resumed.stderr
+    assert port.read_text() == (synced.patches / "0002-change-line-30.patch").read_text()
+    # back to the 9.9.0 series, the port kept: the replay needs no hand
+    for name, text in before.items():
+        (synced.patches / name).write_text(text)
+    synced.pin_path.write_text(pin_before)
+    assert synced.sync("--force").returncode == 0
+    replay = rebase(synced, "--to", "9.9.1", "--dry-run")
+    assert replay.returncode == 0, replay.stderr
+    assert "0002-change-line-30: conflict in vllm/config/speculative.py; resolved with the kept port" in replay.stderr
+    got = report(synced)
+    assert got["conflicts"] == [] and got["ported"] == [{"name": "0002-change-line-30", "port": str(port)}]
+
+
+def test_a_port_that_no_longer_applies_is_named(synced: Fork) -> None:
+    release(synced, "9.9.1", lines((30, "line 30 upstream")))
+    port = synced.root / "kimi" / "lines" / "mainline" / "ports" / "9.9.1" / "0002-change-line-30.patch"
+    port.parent.mkdir(parents=True)
+    port.write_text((synced.patches / "0002-change-line-30.patch").read_text())  # made for 9.9.0, not 9.9.1
+    stopped = rebase(synced, "--to", "9.9.1", "--dry-run")
+    assert stopped.returncode == 1
+    assert f"the kept resolution {port} does not apply" in stopped.stderr and "resolve the conflict" in stopped.stderr
+
+
 def test_abort_changes_nothing(synced: Fork) -> None:
     before = {p.name: p.read_text() for p in synced.patches.iterdir()}
     release(synced, "9.9.1", lines((30, "line 30 upstream")))

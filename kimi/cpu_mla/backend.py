@@ -170,7 +170,8 @@ class CpuMLABackend(MLACommonBackend):
         return CpuMLAMetadataBuilder
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        """Any block size (vLLM 0.32.0 passes the KV cache spec, 0.26.0 nothing)."""
         return [MultipleOf(1)]
 
     @classmethod

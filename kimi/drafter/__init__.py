@@ -2,5 +2,5 @@
 
 ``checkpoint`` reads configs and safetensors headers; ``conventions`` knows
 the two aux-layer-id conventions; ``inspect`` and ``convert`` are the
-``kimi drafter`` commands; ``serving`` is called from vLLM's speculative config.
+``kimi drafter`` commands; the checks vLLM runs at start-up are in ``kimi.hooks.eagle3_drafter_checks``.
 """

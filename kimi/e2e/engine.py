@@ -1,8 +1,9 @@
 """Greedy generation with the fork's vLLM and, independently, with transformers; their comparison.
 
-Used by ``benchmarks/cpu_e2e.py``, the GPU script and the tests. Needs the fork's venv (vLLM, torch,
-transformers). Prompts are given as text and tokenized once with the model folder's tokenizer, so both
-implementations see the same token ids.
+Used by ``benchmarks/cpu_e2e.py``, ``kimi.bench``, ``kimi train`` and the tests. Needs the fork's venv (vLLM,
+torch, transformers; imported inside the functions). ``CPU_ENGINE`` (the settings of a CPU run) is
+:data:`kimi.e2e.presets.CPU_ENGINE`, importable from here too. Prompts are given as text and tokenized once
+with the model folder's tokenizer, so both implementations see the same token ids.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 
-#: Engine settings for a CPU run: a KV cache of fixed size (vLLM's gpu_memory_utilization would reserve
-#: 92 % of host memory on the CPU backend), float32 so that implementations can be compared.
-CPU_ENGINE = {"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 512 << 20, "seed": 0}
+from kimi.e2e.presets import CPU_ENGINE
+
+__all__ = ["CPU_ENGINE", "GreedyRun", "SPEC_METRICS", "engine_info", "hf_greedy", "identical", "parity",
+           "self_draft_model", "spec_metrics", "tokenize", "vllm_greedy"]
 
 
 @dataclass
@@ -43,9 +45,9 @@ def vllm_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, specul
                 top_logits: int = 0, **engine) -> GreedyRun:
     """Greedy ``max_tokens`` per prompt with ``vllm.LLM``; the engine is shut down before returning.
 
-    ``engine`` goes to ``LLM(...)`` on top of nothing (pass :data:`CPU_ENGINE` on CPU); ``speculative`` is
-    vLLM's ``speculative_config``; ``top_logits`` > 0 also returns that many raw logits per position
-    (``logprobs_mode="raw_logits"``).
+    ``engine`` goes to ``LLM(...)`` on top of nothing (pass :data:`~kimi.e2e.presets.CPU_ENGINE` on CPU);
+    ``speculative`` is vLLM's ``speculative_config``; ``top_logits`` > 0 also returns that many raw logits per
+    position (``logprobs_mode="raw_logits"``).
     """
     from vllm import LLM, SamplingParams
 
@@ -90,6 +92,32 @@ def spec_metrics(metrics) -> dict:
             per_pos = [a + b for a, b in zip(per_pos + [0.0] * (len(values) - len(per_pos)), values, strict=True)]
     found["accepted_per_pos"] = per_pos
     return found
+
+
+def engine_info(llm) -> dict:
+    """What an ``LLM`` runs with, for a result file: eager or not, CUDA-graph and compilation modes, the
+    capture sizes (``[min, max, count]``), the target's architecture, the model runner (``v1``/``v2``) and,
+    with speculation, the drafter's architecture and aux layer ids. A failure to read them is reported under
+    ``"error"``, never raised."""
+    info: dict = {}
+    try:
+        config = llm.llm_engine.vllm_config
+        info["enforce_eager"] = bool(config.model_config.enforce_eager)
+        info["cudagraph_mode"] = str(config.compilation_config.cudagraph_mode)
+        info["compilation_mode"] = str(config.compilation_config.mode)
+        sizes = config.compilation_config.cudagraph_capture_sizes or []
+        info["cudagraph_capture_sizes"] = [min(sizes), max(sizes), len(sizes)] if sizes else []
+        info["architecture"] = (config.model_config.architectures or ["?"])[0]
+        # the fork's default for DeepSeek-V3 targets with a non-MLA EAGLE-3 drafter is V2 (patch 0013)
+        info["model_runner"] = "v2" if config.use_v2_model_runner else "v1"
+        if config.speculative_config is not None:
+            spec = config.speculative_config
+            info["draft_architecture"] = (spec.draft_model_config.architectures or ["?"])[0]
+            hf = spec.draft_model_config.hf_config
+            info["aux_layer_ids"] = list(getattr(hf, "eagle_aux_hidden_state_layer_ids", []) or [])
+    except Exception as exc:  # report, never fail a run for it
+        info["error"] = repr(exc)
+    return info
 
 
 def hf_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, dtype: str = "float32"):

@@ -1,6 +1,7 @@
 """Start ``vllm serve``, talk to its OpenAI-compatible API and read its spec-decode counters.
 
 Standard library only, so the ``kimi`` command can drive a server that runs in the fork's venv.
+:func:`serve_args` writes an engine preset (``kimi.e2e.presets``) as ``vllm serve`` flags.
 Endpoints used (vLLM's OpenAI server): ``GET /health``, ``POST /v1/completions``, ``GET /metrics``
 (Prometheus text; the spec-decode counters are ``vllm:spec_decode_num_drafts_total``,
 ``vllm:spec_decode_num_draft_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_total``).
@@ -14,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +30,44 @@ SPEC_COUNTERS = {
     "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
 }
+
+
+#: ``LLM(...)`` keyword -> ``vllm serve`` flag, in the order :func:`serve_args` writes them.
+SERVE_FLAGS = {
+    "dtype": "--dtype", "max_model_len": "--max-model-len", "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+    "seed": "--seed", "max_num_seqs": "--max-num-seqs", "speculative_config": "--speculative-config",
+    "gpu_memory_utilization": "--gpu-memory-utilization", "enforce_eager": "--enforce-eager",
+    "attention_config": "--attention-config",
+}
+
+
+def serve_args(engine: dict) -> list[str]:
+    """``vllm serve`` flags for the ``LLM(...)`` settings ``engine`` (keys of :data:`SERVE_FLAGS` only, in its
+    order): a dict value as JSON, True as the bare flag (False and None leave the flag out), others as text.
+
+    Raises:
+        ValueError: ``engine`` has a key that has no flag here.
+    """
+    unknown = set(engine) - set(SERVE_FLAGS)
+    if unknown:
+        raise ValueError(f"no vllm serve flag for {sorted(unknown)}")
+    args: list[str] = []
+    for key, flag in SERVE_FLAGS.items():
+        value = engine.get(key)
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag)
+        else:
+            args += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return args
+
+
+def vllm_command() -> list[str]:
+    """How to run this Python's vLLM CLI: the ``vllm`` script beside the interpreter, else
+    ``python -m vllm.entrypoints.cli.main`` (a vLLM on ``PYTHONPATH`` has no script)."""
+    vllm = Path(sys.executable).with_name("vllm")
+    return [str(vllm)] if vllm.is_file() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
 def free_port() -> int:
@@ -87,21 +127,25 @@ def accepted_per_position(metrics: str) -> list[float]:
 class VllmServer:
     """``vllm serve MODEL ARGS...`` as a child process, stopped on exit from the ``with`` block.
 
-    Output goes to ``log``. :meth:`start` waits until ``/health`` answers 200.
+    ``vllm`` is the CLI: a path to the ``vllm`` script or a command (:func:`vllm_command`). Output goes to
+    ``log``; ``env`` is added to this process's environment; ``cwd`` is the child's folder (default: this
+    process's). :meth:`start` waits until ``/health`` answers 200.
 
     Raises:
         KimiError: from :meth:`start` if the server exits or is not healthy within ``timeout`` seconds;
             the message carries the last lines of its log (a start-up error names its fix there).
     """
 
-    def __init__(self, vllm: Path, model: str, args: list[str], log: Path, port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, vllm: Path | list[str], model: str, args: list[str], log: Path, port: int | None = None,
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.model = model
-        self.cmd = [str(vllm), "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        head = [str(part) for part in vllm] if isinstance(vllm, list) else [str(vllm)]
+        self.cmd = [*head, "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.log = log
         self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> VllmServer:
@@ -113,7 +157,7 @@ class VllmServer:
     def start(self, timeout: float = 600.0) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -140,9 +184,14 @@ class VllmServer:
         text = self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def complete(self, prompt: str, max_tokens: int, timeout: float = 300.0) -> Reply:
-        """POST a greedy ``/v1/completions`` request for ``prompt``."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    def complete(self, prompt: str | list[int], max_tokens: int, timeout: float = 300.0, **fields) -> Reply:
+        """POST a greedy ``/v1/completions`` request for ``prompt`` (text or token ids); ``fields`` are added
+        to the body (e.g. ``ignore_eos=True``, ``return_token_ids=True``).
+
+        Raises:
+            OSError: the server cannot be reached or does not answer within ``timeout``.
+        """
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **fields}
         return request(f"{self.base}/v1/completions", json.dumps(body).encode(), timeout)
 
     def metrics(self) -> str:

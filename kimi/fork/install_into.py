@@ -39,10 +39,10 @@ import hashlib
 import json
 import re
 import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kimi import log
 from kimi.errors import KimiError
 from kimi.fork import unidiff
 from kimi.fork.fsutil import decode, encode, publish_folder, write_atomic
@@ -59,8 +59,7 @@ _NAME = re.compile(r"^Name:\s*(\S+)\s*$", re.M)
 _VERSION = re.compile(r"^Version:\s*(\S+)\s*$", re.M)
 
 
-def say(msg: str) -> None:
-    print(f"kimi install-into: {msg}", file=sys.stderr)
+say = log.sayer("install-into")
 
 
 @dataclass(frozen=True)

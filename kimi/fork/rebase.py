@@ -17,7 +17,13 @@ merge whose base is the old release.  Per patch:
   new release: the evidence that upstream's fix covers the patch's symptom;
 * ``conflict`` - git leaves conflict markers in ``.kimi/rebase/repo``; the
   rebase stops with a report (patch, files, marker lines).  Resolve the files
-  and run ``kimi rebase --continue``, or ``kimi rebase --abort``.
+  and run ``kimi rebase --continue``, or ``kimi rebase --abort``;
+* ``ported`` - the patch conflicts, and a resolution for this release is kept
+  in the repository: ``kimi/lines/<line>/ports/<release>/<patch>.patch`` (or
+  ``--ports DIR``), the patch as a maintainer rewrote it for the release.  Its
+  diff is applied instead of the three-way merge, so a resolved rebase can be
+  replayed (``--dry-run`` too).  ``kimi rebase --continue`` keeps each
+  resolution there itself (the patch's header with the resolved diff).
 
 When every patch is through, the patch files are rewritten from the new
 commits (headers kept, absorbed patches removed) and ``pin.json`` names the
@@ -46,9 +52,10 @@ from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series, read_patch, write_patch
 from kimi.fork.pin import Artifact, Pin, load_pin
 from kimi.fork.state import SyncState
-from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step, say
+from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step
 from kimi.fork.tree import extract_sdist
 from kimi.fork.workrepo import WorkRepo
+from kimi.log import say
 
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 _MARKERS = ("<<<<<<< ", "=======", ">>>>>>> ")
@@ -76,6 +83,7 @@ class PatchOutcome:
     remaining: list[str] = field(default_factory=list)
     verify: list[str] = field(default_factory=list)
     resolved: bool = False
+    port: str | None = None
 
 
 @dataclass
@@ -91,6 +99,7 @@ class RebaseState:
     outcomes: list[dict] = field(default_factory=list)
     started: str = ""
     head: str = ""
+    ports: str = ""
 
 
 def _save(layout: Layout, state: RebaseState) -> None:
@@ -232,6 +241,23 @@ def _cherry_pick(repo: WorkRepo, name: str, commit: str) -> PatchOutcome:
     return PatchOutcome(name, "conflict", files, _conflict_lines(repo, conflicted))
 
 
+def _apply_port(repo: WorkRepo, outcome: PatchOutcome, port: Path) -> PatchOutcome:
+    """Replace the conflicted cherry-pick of ``outcome`` by the kept resolution ``port`` (a patch file).
+
+    Raises:
+        KimiError: the port does not apply to the new release (it was made for another tree: make it again).
+    """
+    repo.git("cherry-pick", "--abort", check=False)
+    applied = repo.git("apply", "--index", "--whitespace=nowarn", "-", input=read_patch(port).diff, check=False)
+    if applied.returncode != 0:
+        repo.git("reset", "-q", "--hard", "HEAD", check=False)
+        raise KimiError(f"{outcome.name}: the kept resolution {port} does not apply: "
+                        f"{(applied.stderr or applied.stdout).strip()}\n  move it away and resolve the conflict "
+                        "by hand (`kimi rebase --continue`), then keep the new patch file there")
+    repo.git("commit", "-q", "-m", outcome.name)
+    return PatchOutcome(outcome.name, "ported", outcome.files, outcome.conflicts, port=str(port))
+
+
 def _replay(layout: Layout, state: RebaseState) -> bool:
     """Pick the pending patches, saving the state after each; returns False when stopped at a conflict.
 
@@ -244,8 +270,11 @@ def _replay(layout: Layout, state: RebaseState) -> bool:
         name, commit = state.pending[0]
         patch_file = patches_dir / f"{name}.patch"
         header = read_patch(patch_file).header if patch_file.is_file() else {}
+        port = Path(state.ports) / f"{name}.patch" if state.ports else None
         try:
             outcome = _pick(repo, name, commit, header, state.target)
+            if outcome.outcome == "conflict" and port is not None and port.is_file():
+                outcome = _apply_port(repo, outcome, port)
         except KeyboardInterrupt:
             repo.git("cherry-pick", "--abort", check=False)
             repo.git("reset", "-q", "--hard", state.head, check=False)
@@ -256,6 +285,8 @@ def _replay(layout: Layout, state: RebaseState) -> bool:
         if outcome.declared:
             say(f"{name}: absorbed (its header: absorbed in {outcome.declared}; the replay gave {outcome.replay}, "
                 f"{len(outcome.remaining)} hunks not in {state.target}); verify with: {', '.join(outcome.verify)}")
+        elif outcome.port:
+            say(f"{name}: conflict in {', '.join(outcome.conflicts)}; resolved with the kept port {outcome.port}")
         else:
             say(f"{name}: {outcome.outcome}"
                 + (f" in {', '.join(outcome.conflicts)}" if outcome.conflicts else ""))
@@ -275,6 +306,7 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
         "line": state.line, "from": state.source, "to": state.target, "dry_run": state.dry_run,
         "finished": finished, "started": state.started, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
         "applied": [o["name"] for o in outcomes if o["outcome"] == "applied"],
+        "ported": [{"name": o["name"], "port": o.get("port")} for o in outcomes if o["outcome"] == "ported"],
         "absorbed": [_absorbed_entry(o, state.target) for o in outcomes if o["outcome"] == "absorbed"],
         "conflicts": [{"name": o["name"], "files": o["conflicts"]} for o in outcomes if o["outcome"] == "conflict"],
         "patches": outcomes, "new_pin": state.new_pin,
@@ -292,6 +324,8 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
                 f" (declared: absorbed in {o['declared']}; replay: {o['replay']})" if o.get("declared") else "")
         elif o.get("resolved"):
             outcome = "applied (conflict resolved)"
+        elif outcome == "ported":
+            outcome = f"ported (conflict resolved with `{o['port']}`)"
         rows.append(f"| {o['name']} | {outcome} | {', '.join(o['files'])} | {where} |")
     declared = [o for o in outcomes if o.get("declared")]
     if declared:
@@ -355,8 +389,12 @@ def _finish(layout: Layout, state: RebaseState) -> None:
                 shutil.copy2(other, staging)
 
 
-def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path | None = None) -> dict:
+def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path | None = None,
+           ports: Path | None = None) -> dict:
     """Start a rebase of the synced line onto upstream ``version``; returns the report.
+
+    ``ports``: the folder of kept conflict resolutions (default ``kimi/lines/<line>/ports/<version>/``
+    where it exists).
 
     Raises:
         KimiError: a bad version, nothing synced, edits not refreshed, a
@@ -390,9 +428,13 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         repo.git("fetch", "-q", "--no-tags", str(layout.work), "+work:refs/heads/old")
         old = WorkRepo(layout.work)
         pending = [[name, commit] for name, commit in old.patch_commits()]
+        if ports is None and (layout.line_dir(state.line) / "ports" / version).is_dir():
+            ports = layout.line_dir(state.line) / "ports" / version
+        if ports is not None and not ports.is_dir():
+            raise KimiError(f"--ports {ports}: not a folder")
         rebase_state = RebaseState(line=state.line, source=pin.version, target=version, dry_run=dry_run,
                                    new_pin=new_pin, pending=pending, started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                                   head=repo.head())
+                                   head=repo.head(), ports=str(ports.resolve()) if ports else "")
         _save(layout, rebase_state)
         return _proceed(layout, rebase_state)
 
@@ -414,7 +456,8 @@ def _proceed(layout: Layout, state: RebaseState) -> dict:
         _finish(layout, state)
     (_dir(layout) / "state.json").unlink(missing_ok=True)
     shutil.rmtree(_dir(layout) / "repo", ignore_errors=True)
-    say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['absorbed'])} absorbed, "
+    say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['ported'])} ported, "
+        f"{len(report['absorbed'])} absorbed, "
          f"{len(report['conflicts'])} conflicts; report: {_dir(layout) / 'report.md'}"
          + ("" if state.dry_run else f"; run `kimi sync` to lay vllm {state.target}"))
     return report
@@ -428,6 +471,15 @@ def _in_progress(layout: Layout) -> RebaseState:
         return RebaseState(**json.loads(path.read_bytes()))
     except (ValueError, TypeError) as exc:
         raise KimiError(f"{path} is damaged ({exc}); `kimi rebase --abort` removes the rebase") from None
+
+
+def _keep_port(layout: Layout, state: RebaseState, repo: WorkRepo, name: str) -> Path:
+    """Write the resolved patch ``name`` (HEAD's commit) to ``kimi/lines/<line>/ports/<target>/`` for replays."""
+    old = layout.patches_dir(state.line) / f"{name}.patch"
+    port = layout.line_dir(state.line) / "ports" / state.target / f"{name}.patch"
+    port.parent.mkdir(parents=True, exist_ok=True)
+    write_patch(port, read_patch(old).header, repo.commit_diff("HEAD"))
+    return port
 
 
 def _resolve(repo: WorkRepo, last: dict) -> None:
@@ -464,6 +516,9 @@ def rebase_continue(layout: Layout) -> dict:
         repo = WorkRepo(_dir(layout) / "repo")
         if state.outcomes and state.outcomes[-1]["outcome"] == "conflict" and not state.dry_run:
             _resolve(repo, state.outcomes[-1])
+            if state.outcomes[-1]["outcome"] == "applied":
+                port = _keep_port(layout, state, repo, state.outcomes[-1]["name"])
+                say(f"{state.outcomes[-1]['name']}: resolution kept in {port.relative_to(layout.root)} for replays")
             state.head = repo.head()
             _save(layout, state)
         return _proceed(layout, state)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from kimi.errors import KimiError
@@ -33,11 +32,7 @@ from kimi.fork.pin import load_pin
 from kimi.fork.state import SyncState
 from kimi.fork.tree import detect_edits, extract_sdist, lay, ours
 from kimi.fork.workrepo import WorkRepo
-
-
-def say(msg: str) -> None:
-    """A progress or warning line of the fork tooling on stderr."""
-    print(f"kimi: {msg}", file=sys.stderr)
+from kimi.log import say
 
 
 def check_no_unrefreshed_edits(layout: Layout, state: SyncState) -> None:

@@ -1,8 +1,15 @@
 """MLA on vLLM's CPU platform through the fork's ``CPU_MLA`` backend (patch ``0006-cpu-mla-backend``).
 
-``CpuPlatform`` calls :func:`attention_backend` where upstream raises "MLA is not supported on CPU", and
-:func:`configure` from ``check_and_update_config`` for MLA models.  The backend itself is
-``kimi.cpu_mla`` (torch arithmetic in ``ops``, vLLM classes in ``backend``).
+The backend itself is ``kimi.cpu_mla`` (torch arithmetic in ``ops``, vLLM classes in ``backend``): every
+scheduled token - prefill, chunked prefill, prefix-cache hits, decode, the ``1 + k`` tokens of EAGLE
+verification - takes one paged latent-attention path.
+
+``CpuPlatform`` calls :func:`attention_backend` for MLA layers and asks :func:`keeps_chunked_prefill`
+before it turns chunked prefill and prefix caching off for MLA models (vLLM 0.32.0 does, for its own
+reference CPU MLA backend).  vLLM 0.32.0's own CPU MLA (``vllm/v1/attention/backends/mla/cpu_mla.py``,
+decode through ``mla_decode_kvcache``, SDPA prefill) and AMX MLA backends stay reachable with
+``--attention-backend AMX_MLA``.  The v0.26 line (upstream raises "MLA is not supported on CPU") also calls
+:func:`configure`.
 """
 
 from __future__ import annotations
@@ -12,13 +19,24 @@ from typing import Any
 BACKEND = "kimi.cpu_mla.backend.CpuMLABackend"
 NO_PREFILL = "kimi.cpu_mla.backend.CpuMLANoPrefill"
 
+#: Attention backends of upstream's that the user may pick by name instead of the fork's (vLLM 0.32.0).
+UPSTREAM_CHOICES = ("AMX_MLA",)
 
-def attention_backend() -> str:
-    """Register the CPU MLA prefill placeholder as vLLM's CUSTOM MLA prefill backend; return the backend path.
 
-    Called from ``CpuPlatform.get_attn_backend_cls`` in every process that builds MLA layers, before the
-    layer picks its prefill backend (``vllm/model_executor/layers/attention/mla_attention.py``).
+def _upstream_chosen(selected_backend: Any) -> bool:
+    return getattr(selected_backend, "name", None) in UPSTREAM_CHOICES
+
+
+def attention_backend(selected_backend: Any = None) -> str | None:
+    """The fork's backend path for an MLA layer, or None where the user chose one of :data:`UPSTREAM_CHOICES`
+    (``--attention-backend``; ``selected_backend`` is vLLM's ``AttentionBackendEnum`` member or None).
+
+    Registers the fork's placeholder as vLLM's CUSTOM MLA prefill backend: the MLA layer builds a prefill
+    backend that the fork's builder never uses (every token is a decode token for it), and before 0.32.0 no
+    other one imports on CPU (:func:`configure` selects it there).
     """
+    if _upstream_chosen(selected_backend):
+        return None
     from vllm.v1.attention.backends.mla.prefill.registry import (
         MLAPrefillBackendEnum,
         register_mla_prefill_backend,
@@ -28,10 +46,14 @@ def attention_backend() -> str:
     return BACKEND
 
 
+def keeps_chunked_prefill(vllm_config: Any) -> bool:
+    """True when the fork's backend serves this MLA model: chunked prefill and prefix caching stay on."""
+    return not _upstream_chosen(vllm_config.attention_config.backend)
+
+
 def configure(vllm_config: Any) -> None:
-    """For an MLA model on CPU: every token goes through ``CPU_MLA``'s decode path, so the MLA prefill slot
-    is vLLM's CUSTOM one (filled by :func:`attention_backend`) unless the user chose a prefill backend.
-    Chunked prefill and prefix caching stay on (the backend handles both)."""
+    """v0.26 line: for an MLA model on CPU, the MLA prefill slot is vLLM's CUSTOM one (filled by
+    :func:`attention_backend`) unless the user chose a prefill backend."""
     from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
 
     attention_config = vllm_config.attention_config

@@ -67,5 +67,5 @@ def rewind_discarded(generators: Mapping[int, torch.Generator], indices: Iterabl
         elif i in kept:
             gen.set_state(kept[i])
         else:
-            raise RuntimeError(f"kimi.hooks.seeded_sampling_any_device: no kept state for the {gen.device.type} generator of discarded "
-                               f"request {i}; keep_discarded_states must run before sampling")
+            raise RuntimeError(f"kimi.hooks.seeded_sampling_any_device: no kept state for the {gen.device.type} "
+                               f"generator of discarded request {i}; keep_discarded_states must run before sampling")

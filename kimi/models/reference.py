@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from kimi.drafter.conventions import CONVENTION_FIELD, IDS_FIELD, LAYER_INPUT, default_ids
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
+from kimi.log import sayer
 from kimi.models import kimi_k25
 from kimi.models.kimi_k25 import VisionSpec
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
@@ -248,8 +248,7 @@ def _write_kimi_k25(folder: Path, spec: ReferenceSpec, text: dict, weights: dict
                     "(same id; pad is <|eos|>); text weights = the target's under language_model."}
 
 
-def say(msg: str) -> None:
-    print(f"kimi models: {msg}", file=sys.stderr)
+say = sayer("models")
 
 
 def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), force: bool = False) -> dict:

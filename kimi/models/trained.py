@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from kimi.fork.fsutil import check_replaceable, sha256_file, staged_folder, write_atomic
+from kimi.log import sayer
 from kimi.models.reference import ReferenceSpec, target_config
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
 
@@ -53,8 +54,7 @@ class TargetTraining:
     threads: int = 2
 
 
-def say(msg: str) -> None:
-    print(f"kimi models: {msg}", file=sys.stderr, flush=True)
+say = sayer("models")
 
 
 def corpus_tokens(tokenizer, files: list[Path]):

@@ -6,7 +6,7 @@ CUDA a bf16 engine that takes a share of the GPU's memory (the models here are s
 
 from __future__ import annotations
 
-import sys
+from kimi.log import sayer
 
 #: Engine settings on CUDA: vLLM's MLA kernels want bf16; a small share of memory leaves room for training. A
 #: fixed KV cache skips vLLM's memory profiling, whose check "free memory did not grow meanwhile" failed on the
@@ -15,8 +15,8 @@ CUDA_ENGINE = {"dtype": "bfloat16", "max_model_len": 1024, "gpu_memory_utilizati
                "kv_cache_memory_bytes": 2 << 30}
 
 
-def say(msg: str) -> None:
-    print(f"kimi train: {msg}", file=sys.stderr, flush=True)
+#: The training stages' progress lines: ``kimi train: ...`` on stderr.
+say = sayer("train")
 
 
 def on_cuda() -> bool:

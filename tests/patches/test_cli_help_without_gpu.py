@@ -1,7 +1,7 @@
 """Patch 0001: `vllm --help` and `vllm serve --help` on a host where no platform is detected.
 
 The CUDA build on a machine without a GPU resolves vLLM's platform to
-``UnspecifiedPlatform``; upstream 0.26.0 then fails while building the CLI
+``UnspecifiedPlatform``; upstream (0.26.0, 0.32.0) then fails while building the CLI
 parsers ("Failed to infer device type").  The test forces that platform in a
 subprocess and runs the real entry point.
 """
@@ -15,11 +15,16 @@ import pytest
 
 pytestmark = pytest.mark.install
 
+# The platform a CUDA build sees without a GPU, loading this build's kernels as its own platform would: the generic
+# loader of UnspecifiedPlatform takes vllm._C, the CPU build's AVX-512 library, which dies with SIGILL on a CPU
+# without AVX-512 - not what a CUDA build on a host without a GPU meets.
 _RUN_CLI = """
 import sys
 import vllm.platforms as platforms
 from vllm.platforms.interface import UnspecifiedPlatform
-platforms.current_platform = UnspecifiedPlatform()  # what a CUDA build sees without a GPU
+class NoDevice(UnspecifiedPlatform):
+    import_kernels = type(platforms.current_platform).import_kernels
+platforms.current_platform = NoDevice()
 sys.argv = ["vllm", *sys.argv[1:]]
 from vllm.entrypoints.cli.main import main
 main()

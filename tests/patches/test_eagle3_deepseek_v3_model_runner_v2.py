@@ -1,5 +1,8 @@
-"""Patch 0013: a DeepSeek-V3-architecture target served with a Llama-style EAGLE-3 drafter takes vLLM's V2 model
-runner; with an MLA drafter (not yet measured on V2) or without speculation it keeps upstream's choice (V1).
+"""Patch 0013 (v0.26 line; absorbed in 0.32.0): a DeepSeek-V3-architecture target served with a Llama-style EAGLE-3
+drafter takes vLLM's V2 model runner; with an MLA drafter (not yet measured on V2) or without speculation it keeps
+upstream's choice (V1). vLLM 0.32.0 takes V2 for every model where triton is present
+(``VllmConfig.use_v2_model_runner``), so on the mainline the same test, without the patch, shows V2 for all three -
+the patch's Absorbed-check.
 
 Upstream 0.26.0 picks V2 by default only for the architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``
 (``DeepseekV2ForCausalLM`` among them) or for dense models: ``DeepseekV3ForCausalLM`` (DeepSeek-V3/R1,
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import installed_line
 from engine_script import make_reference_models, run_engine_script
 
 pytestmark = pytest.mark.install
@@ -43,7 +47,10 @@ _SCRIPT = textwrap.dedent("""
 def test_deepseek_v3_eagle3_takes_v2_runner(tmp_path: Path) -> None:
     models = make_reference_models(tmp_path / "reference")
     out = run_engine_script(_SCRIPT, str(models))
-    assert out["triton"] == {"eagle3-llama": True, "eagle3-mla": False, "none": False}
+    if installed_line() == "v0.26":
+        assert out["triton"] == {"eagle3-llama": True, "eagle3-mla": False, "none": False}
+        # no triton (this CPU build): V1 for all, as upstream decides
+        assert out["cpu"] == {"eagle3-llama": False, "eagle3-mla": False, "none": False}
+    else:  # 0.32.0 without the patch: upstream's own choice is V2 for every model
+        assert out["triton"] == {"eagle3-llama": True, "eagle3-mla": True, "none": True}
     assert out["env_v1"] is False
-    # no triton (this CPU build): V1 for all, as upstream decides
-    assert out["cpu"] == {"eagle3-llama": False, "eagle3-mla": False, "none": False}

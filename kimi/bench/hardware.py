@@ -1,0 +1,44 @@
+"""What a result file says about the machine: the device (GPU or CPU), torch, CUDA and Python versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """``model name`` from /proc/cpuinfo (else the machine type) and the cores this process may use:
+    ``"Intel(R) Xeon(R) ..., 16 cores"``."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.machine()}, {cores} cores"
+
+
+def device() -> dict:
+    """``{"torch", "python", "name", "cuda", "count"}`` plus ``memory_gib`` and ``capability`` (``"90"``) on a
+    GPU (device 0); on CPU ``name`` is ``"CPU: <cpu_name()>"`` and ``cuda`` None. Imports torch."""
+    import torch
+
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out.update(name=torch.cuda.get_device_name(0), memory_gib=round(props.total_memory / 2**30, 1),
+                   capability=f"{props.major}{props.minor}", cuda=torch.version.cuda,
+                   count=torch.cuda.device_count())
+    else:
+        out.update(name=f"CPU: {cpu_name()}", cuda=None, count=0)
+    return out
+
+
+def describe(dev: dict, versions: bool = False) -> str | None:
+    """One line for a :func:`device` dict: ``"NVIDIA H200 (139.8 GiB, sm_90)"`` (with ``versions``: then
+    ``", torch X, CUDA Y"``); the name alone on CPU; None for an empty dict."""
+    if not dev.get("cuda"):
+        return dev.get("name")
+    line = f"{dev.get('name')} ({dev.get('memory_gib')} GiB, sm_{dev.get('capability')})"
+    return f"{line}, torch {dev.get('torch')}, CUDA {dev.get('cuda')}" if versions else line

@@ -1,0 +1,209 @@
+"""perf_vs_upstream's numbers from the engines' results: one row per (model, concurrency, k) with the ratios and
+the ideal bound, the Kimi slice's projection to 61 layers at TP 8, greedy output against no speculation,
+issue G's goal, a call's summary, and the results of several calls joined."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from kimi.bench.hardware import describe
+from kimi.bench.perf.plan import HELD_RUNNERS
+from kimi.models.kimi_slice import FULL_LAYERS, SPEC_LAYERS
+
+#: Goal of issue G: fork / upstream on the pair at k = 3 and c <= 16, and the floor everywhere.
+GOAL_PAIR_K3 = 1.10
+GOAL_FLOOR = 0.98
+
+
+def _ratio(a, b) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
+    """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields).
+
+    ``fork_*`` is the fork as it runs by default, ``fork_v1_*`` / ``fork_v2_*`` the fork held on vLLM's V1 / V2
+    runner. Step times (``t_verify_ms``, ``t_draft_ms``) come from the fork's engine, else the fork's on V1, else
+    upstream's (``steps_from``); V2 engines have none.
+    """
+    out = []
+    done = {j["name"]: (j, runs[j["name"]]) for j in jobs if runs.get(j["name"], {}).get("status") == "done"}
+
+    def at(name: str, c: str) -> dict:
+        return done.get(name, (None, {}))[1].get("by_concurrency", {}).get(c, {})
+
+    def tok_s(entry: dict) -> float | None:
+        return round(entry["tok_s"], 1) if entry else None
+
+    for job, result in done.values():
+        if job["variant"] != "fork" or job.get("greedy"):
+            continue
+        model, k = job["model"], job["k"]
+        for c, fork_c in result["by_concurrency"].items():
+            up_c, base_c = at(f"{model}/upstream_k{k}", c), at(f"{model}/nospec", c)
+            held = {runner: at(f"{model}/fork_{runner}_k{k}", c) for runner in HELD_RUNNERS}
+            steps_from, steps = next(((n, e["steps"]) for n, e in (("fork", fork_c), ("fork_v1", held["v1"]),
+                                                                  ("upstream", up_c))
+                                      if e.get("steps", {}).get("draft_per_token_ms")), (None, {}))
+            t_target = base_c.get("steps", {}).get("target_ms")
+            t_verify, t_draft, tau = steps.get("target_ms"), steps.get("draft_per_token_ms"), fork_c.get("tau")
+            ideal = (tau * t_target / (t_verify + k * t_draft)
+                     if None not in (tau, t_target, t_verify, t_draft) else None)
+            out.append({
+                "model": model, "concurrency": int(c), "k": k,
+                "fork_tok_s": tok_s(fork_c), "upstream_tok_s": tok_s(up_c), "nospec_tok_s": tok_s(base_c),
+                "fork_vs_upstream": _ratio(fork_c["tok_s"], up_c.get("tok_s")),
+                "fork_vs_nospec": _ratio(fork_c["tok_s"], base_c.get("tok_s")),
+                "upstream_vs_nospec": _ratio(up_c.get("tok_s"), base_c.get("tok_s")),
+                "tau": round(tau, 3) if tau else None,
+                "tau_upstream": round(up_c["tau"], 3) if up_c.get("tau") else None,
+                "tpot_ms_fork": round(fork_c["tpot_ms"], 3),
+                "tpot_ms_upstream": round(up_c["tpot_ms"], 3) if up_c else None,
+                "tpot_ms_nospec": round(base_c["tpot_ms"], 3) if base_c else None,
+                "t_target_ms": round(t_target, 4) if t_target else None,
+                "t_verify_ms": round(t_verify, 4) if t_verify else None,
+                "t_draft_ms": round(t_draft, 4) if t_draft else None,
+                "steps_from": steps_from,
+                "t_draft_ms_upstream": round(up_c["steps"]["draft_per_token_ms"], 4)
+                if up_c.get("steps", {}).get("draft_per_token_ms") else None,
+                "ideal_speedup": round(ideal, 3) if ideal else None,
+                "fork_runner": result.get("runner"),
+                "rounds": [len(e.get("tok_s_rounds", [None])) for e in (fork_c, up_c) if e],  # fork, upstream
+            })
+            for runner, e in held.items():
+                out[-1].update({f"fork_{runner}_tok_s": tok_s(e),
+                                f"fork_{runner}_vs_upstream": _ratio(e.get("tok_s"), up_c.get("tok_s")),
+                                f"tau_{runner}": round(e["tau"], 3) if e.get("tau") else None})
+    return sorted(out, key=lambda r: (r["model"], r["k"], r["concurrency"]))
+
+
+def projection(runs: dict[str, dict], rows: list[dict]) -> dict:
+    """The 61-layer TP 8 projection of the Kimi slice (module docstring), per concurrency with a k = 3 row."""
+    deep, shallow = runs.get("kimi_slice/nospec", {}), runs.get("kimi_slice/nospec_shallow", {})
+    if deep.get("status") != "done" or shallow.get("status") != "done":
+        return {}
+    out = {}
+    for row in rows:
+        if row["model"] != "kimi_slice":
+            continue
+        c = str(row["concurrency"])
+        t_deep = deep["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
+        t_shallow = shallow["by_concurrency"].get(c, {}).get("steps", {}).get("target_ms")
+        # a fork engine marked invalid: upstream's verification and draft steps instead
+        t_verify, t_draft = row["t_verify_ms"], row["t_draft_ms"]
+        if row.get("invalid"):
+            up = runs.get(f"kimi_slice/upstream_k{row['k']}", {}).get("by_concurrency", {}).get(c, {})
+            t_verify, t_draft = up.get("steps", {}).get("target_ms"), row.get("t_draft_ms_upstream")
+        if not (t_deep and t_shallow and t_verify and t_draft):
+            continue
+        t_moe = t_deep - t_shallow
+        moe_here, moe_full = SPEC_LAYERS - 1, FULL_LAYERS - 1
+        one_gpu = t_deep + (moe_full - moe_here) * t_moe
+        tp8 = t_deep - moe_here * t_moe + moe_full * t_moe / 8
+        verify_ratio = t_verify / t_deep
+        k = row["k"]
+        spent = verify_ratio * tp8 + k * t_draft
+        out[f"c{c}_k{k}"] = {"t_moe_layer_ms": round(t_moe, 4), "t_target_61_1gpu_ms": round(one_gpu, 3),
+                             "t_target_61_tp8_ms": round(tp8, 3), "t_verify_61_tp8_ms": round(verify_ratio * tp8, 3),
+                             "t_draft_ms": t_draft, "break_even_tau": round(spent / tp8, 3),
+                             "ideal_speedup_at_tau_3": round(3 * tp8 / spent, 3)}
+    return out
+
+
+def same_as_nospec(runs: dict[str, dict], jobs: list[dict]) -> dict:
+    """``{engine: {c: [identical sequences, sequences]}}``: each speculative engine's greedy output against its
+    model's ``nospec`` engine, batch by batch (bf16 numerics may flip near-tied tokens; the count says how often)."""
+    out: dict = {}
+    for job in jobs:
+        result, base = runs.get(job["name"], {}), runs.get(f"{job['model']}/nospec", {})
+        if not job["spec"] or result.get("status") != "done" or base.get("status") != "done":
+            continue
+        out[job["name"]] = {}
+        for c, entry in result["by_concurrency"].items():
+            ref = base["by_concurrency"].get(c, {}).get("tokens")
+            if ref and entry.get("tokens"):
+                out[job["name"]][c] = [sum(a == b for a, b in zip(entry["tokens"], ref, strict=True)), len(ref)]
+    return out
+
+
+def without_tokens(result: dict) -> dict:
+    """``result`` without the generated tokens of its concurrencies (the JSON keeps the numbers)."""
+    if "by_concurrency" not in result:
+        return result
+    return {**result, "by_concurrency": {c: {k: v for k, v in e.items() if k != "tokens"}
+                                         for c, e in result["by_concurrency"].items()}}
+
+
+def goal(rows: list[dict]) -> dict:
+    """Issue G's goal over the rows not marked ``invalid``."""
+    rows = [r for r in rows if not r.get("invalid")]
+    pair_k3 = [r["fork_vs_upstream"] for r in rows
+               if r["model"] == "pair" and r["k"] == 3 and r["concurrency"] <= 16 and r["fork_vs_upstream"]]
+    every = [r["fork_vs_upstream"] for r in rows if r["fork_vs_upstream"]]
+    return {"pair_k3_c1_16_min": min(pair_k3) if pair_k3 else None,
+            "pair_k3_c1_16_met": bool(pair_k3) and min(pair_k3) >= GOAL_PAIR_K3,
+            "min_anywhere": min(every) if every else None,
+            "floor_met": bool(every) and min(every) >= GOAL_FLOOR}
+
+
+
+def summarize(args: argparse.Namespace, jobs: list[dict], runs: dict[str, dict], started: float) -> dict:
+    """A call's summary (the keys of ``perf_vs_upstream.json``): device, date, command, versions, settings, rows,
+    projection, goal, the greedy comparisons and check counts, and every planned engine's result."""
+    done = [r for r in runs.values() if r.get("status") == "done"]
+    device = done[0]["device"] if done else {}
+    versions = {}
+    for job in jobs:
+        r = runs.get(job["name"], {})
+        if r.get("status") == "done":
+            versions.setdefault("upstream" if job["variant"] == "upstream" else "fork", r["vllm_version"])
+    rows = rows_of(runs, jobs)
+    return {
+        "device": describe(device, versions=True),
+        "date": args.date, "command": args.command, "versions": versions,
+        "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "slice_tokens": args.slice_tokens,
+                     "reps": args.reps, "ks": args.ks,
+                     "slice_ks": args.slice_ks, "engine": args.engine, "fork_greedy": args.fork_greedy,
+                     "profile": "cpu-smoke" if args.cpu_smoke else "gpu"},
+        "rows": rows, "projection": projection(runs, rows), "goal": goal(rows),
+        "same_as_nospec": same_as_nospec(runs, jobs),
+        "greedy_check": {j["name"]: runs[j["name"]].get("greedy_check") for j in jobs
+                         if j.get("greedy") == "check" and runs.get(j["name"], {}).get("status") == "done"},
+        "runs": {j["name"]: without_tokens(runs.get(j["name"], {"status": "not run"})) for j in jobs},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def combine(parts: list[dict], invalid: dict[str, str] | None = None, notes: list[str] | None = None) -> dict:
+    """One result from the results of several calls (one GPU call per model fits the device's time limit):
+    rows, runs, checks and projections are joined, the goal is recomputed, each call's command is kept.
+
+    ``invalid`` maps a fork engine (``model/fork_k{k}``) to the reason its measurement does not count: its rows
+    keep their numbers with ``invalid`` set and leave the goal. ``notes`` are printed under the table.
+
+    Raises:
+        ValueError: the parts come from different devices or vLLM versions, or an ``invalid`` engine has no rows.
+    """
+    first = parts[0]
+    for part in parts[1:]:
+        if part["device"] != first["device"] or any(part["versions"].get(k, v) != v
+                                                    for k, v in first["versions"].items()):
+            raise ValueError(f"cannot combine results of {part['device']} {part['versions']} with "
+                             f"{first['device']} {first['versions']}")
+    rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: (r["model"], r["k"], r["concurrency"]))
+    merged = {key: {k: v for part in parts for k, v in part.get(key, {}).items()}
+              for key in ("versions", "projection", "same_as_nospec", "greedy_check", "runs")}
+    for engine, why in (invalid or {}).items():
+        hit = [r for r in rows if f"{r['model']}/fork_k{r['k']}" == engine]
+        if not hit:
+            raise ValueError(f"--invalid {engine}: no rows of that engine")
+        for row in hit:
+            row["invalid"] = why
+    # the projection's two depths may come from different calls; recomputed, so an invalid engine's steps go
+    merged["projection"] = projection(merged["runs"], rows)
+    merged["notes"] = [n for part in parts for n in part.get("notes", [])] + list(notes or [])
+    return {**first, **merged, "rows": rows, "goal": goal(rows),
+            "command": " ; ".join(part["command"] for part in parts),
+            "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
+

@@ -1,0 +1,115 @@
+"""One perf_vs_upstream engine in a worker process (``benchmarks/perf_vs_upstream.py --worker``): start it,
+measure every concurrency of the job (in turns when started side by side with others), shut it down.
+Imports vLLM when it runs: the variant's ``PYTHONPATH`` decides which vLLM that is."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+from kimi.bench.hardware import device
+from kimi.bench.perf import log
+from kimi.bench.timers import collect_timer, install_timer, step_times
+from kimi.bench.workers import JobReport, await_turn
+from kimi.e2e.engine import engine_info, spec_metrics
+
+
+def run(job: dict, spec: dict, report: JobReport) -> dict:
+    """:func:`kimi.bench.workers.serve_jobs`'s job function: :func:`run_engine`, its rounds kept in
+    ``report.partial`` (they go with an error: the engine is not counted, its numbers stay in the JSON)."""
+    return run_engine(job, report.partial, report)
+
+
+def greedy_counts(worker) -> dict[str, int] | None:
+    """``collective_rpc`` target: the drafter's ``KIMI_DRAFT_GREEDY=check`` counts
+    (``kimi.hooks.eagle3_greedy_draft_vocab.GreedyCheck``)."""
+    check = getattr(getattr(worker.model_runner, "drafter", None), "draft_greedy", None)
+    return check.counts() if hasattr(check, "counts") else None
+
+
+def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict:
+    """Start one engine, measure every concurrency of ``job``, shut it down. ``result`` is filled as the rounds go
+    (the caller keeps it on an error).
+
+    With ``job["turn"]`` (a parallel start) the engine reports ``ready`` once started, then measures a round at
+    each turn the orchestrator gives (:func:`kimi.bench.workers.await_turn`), reporting ``round`` after each;
+    ``report`` carries those events.
+    """
+    import vllm  # first: the variant's PYTHONPATH decides which vLLM this is
+    from vllm import LLM
+
+    t0 = time.monotonic()
+    llm = LLM(model=job["target"], speculative_config=job["spec"], disable_log_stats=False, **job["engine"])
+    v2 = bool(getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False))
+    result.update({"vllm_version": vllm.__version__, "vllm_file": vllm.__file__,
+                   "start_s": round(time.monotonic() - t0, 1), "engine": engine_info(llm), "device": device(),
+                   "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"), "runner": "v2" if v2 else "v1",
+                   "by_concurrency": {}})
+    turn = Path(job["turn"]) if job.get("turn") else None
+    try:
+        if turn is not None:
+            report.emit("ready", start_s=result["start_s"])
+        for rnd in itertools.count():
+            order = "last" if turn is None else await_turn(turn, rnd, job["turn_timeout_s"])
+            if order == "stop":
+                break
+            for c in job["concurrency"]:
+                entry = measure(llm, job, c, timed=rnd == 0)
+                merge_round(result["by_concurrency"], str(c), entry)
+                log(f"{job['name']} round {rnd} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
+            if order == "last":
+                break
+            report.emit("round", round=rnd)
+        if os.environ.get("KIMI_DRAFT_GREEDY") == "check":
+            result["greedy_check"] = llm.collective_rpc(greedy_counts)[0]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def measure(llm, job: dict, c: int, timed: bool) -> dict:
+    """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
+    counters over them, and with ``timed`` a shorter batch under the step timer (:mod:`kimi.bench.timers`)."""
+    from vllm import SamplingParams
+
+    prompts, tokens = job["prompts"], job["tokens"]
+    batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+    llm.generate(batch, params, use_tqdm=False)  # warm-up: lazily compiled kernels, every batch shape
+    before = spec_metrics(llm.get_metrics())
+    walls = []
+    for _ in range(job["reps"]):
+        t1 = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        walls.append(time.perf_counter() - t1)
+    after = spec_metrics(llm.get_metrics())
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    drafts = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    wall = min(walls)
+    entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
+             "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
+             "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
+    if timed:
+        llm.collective_rpc(install_timer)
+        try:
+            llm.generate(batch, SamplingParams(temperature=0, max_tokens=min(tokens, 48), ignore_eos=True,
+                                               detokenize=False), use_tqdm=False)
+        finally:
+            calls = llm.collective_rpc(collect_timer)[0]
+        entry["steps"] = step_times(calls)
+    return entry
+
+
+def merge_round(by_c: dict, c: str, entry: dict) -> None:
+    """Fold one round's ``entry`` for concurrency ``c`` into ``by_c``: the fastest round's numbers, every round's
+    tok/s in ``tok_s_rounds``, the step times of the first round."""
+    prev = by_c.get(c)
+    if prev is None:
+        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]]}
+        return
+    rounds = [*prev["tok_s_rounds"], entry["tok_s"]]
+    best = entry if entry["tok_s"] > prev["tok_s"] else prev
+    by_c[c] = {**best, "steps": prev.get("steps", entry.get("steps", {})), "tok_s_rounds": rounds}

@@ -1,0 +1,154 @@
+"""``kimi rebase --probe``: which patches of the laid, installed line does the release no longer need?
+
+A three-way merge cannot see that upstream fixed a patch's problem its own way (it reports a conflict, or
+the patch still applies).  The tests a patch header names can: for each patch whose files are all under
+``vllm/`` (build-time patches are not probed: without them the install itself changes), the patch's hunks
+are taken out of the laid tree - the tree the editable install of ``.venv`` runs - its tests
+(``Absorbed-check``, else the ``tests/...`` entries of ``Tests``) are run, and the files are put back
+byte for byte (also on an error or Ctrl-C).  Outcomes:
+
+* ``needed``    - the tests fail without the patch: the fork still fixes something the release does not;
+* ``candidate`` - they pass without it: a candidate for absorption (read the release's change, then mark the
+  header ``Upstream: absorbed in X.Y.Z``; the next ``kimi rebase`` drops it);
+* ``unknown``   - no test ran (none named, all skipped, or a collection error), or the patch was not probed.
+
+Each run also records the tests with the patch in place (``with_patch``): a test that fails with the patch
+says nothing about absorption.  The report is ``.kimi/rebase/probe.json`` and ``probe.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kimi.errors import KimiError
+from kimi.fork import unidiff
+from kimi.fork.fsutil import decode, encode, write_atomic, write_json_atomic
+from kimi.fork.layout import Layout
+from kimi.fork.patches import Patch, load_series
+from kimi.fork.pin import load_pin
+from kimi.log import say
+
+_COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
+
+
+@dataclass
+class ProbeResult:
+    """One patch: ``outcome`` (``needed`` / ``candidate`` / ``unknown``), the tests, and pytest's counts with and
+    without the patch (``{"passed": n, "failed": n, ...}``)."""
+
+    name: str
+    outcome: str
+    tests: list[str]
+    with_patch: dict[str, int]
+    without_patch: dict[str, int]
+    note: str = ""
+
+
+def probe_tests(patch: Patch) -> list[str]:
+    """The tests that probe ``patch``: its ``Absorbed-check`` field, else the ``tests/`` entries of ``Tests``."""
+    text = patch.header.get("Absorbed-check") or patch.header.get("Tests", "")
+    return [t.strip() for t in re.split(r"[,\n]", text) if t.strip().startswith("tests/")]
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """pytest's closing counts (``passed``, ``failed``, ``error``, ``skipped``) read from its output."""
+    counts: dict[str, int] = {}
+    for line in output.splitlines()[-5:]:
+        for number, word in _COUNTS.findall(line):
+            counts[word.rstrip("s") if word.startswith("error") else word] = int(number)
+    return counts
+
+
+def _run(python: Path, root: Path, tests: list[str], env: dict[str, str]) -> dict[str, int]:
+    proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=root, env=env,
+                          capture_output=True, text=True)
+    return pytest_counts(proc.stdout + proc.stderr)
+
+
+def _without(root: Path, patch: Patch) -> dict[Path, bytes]:
+    """Take ``patch``'s hunks out of the laid files; returns the original bytes of every file changed."""
+    kept: dict[Path, bytes] = {}
+    for fd in unidiff.parse(patch.diff, where=str(patch.path)):
+        path = root / fd.path
+        kept[path] = path.read_bytes()
+        reverted = unidiff.apply(decode(kept[path]), fd, reverse=True)
+        if reverted is None:
+            path.unlink()
+        else:
+            path.write_bytes(encode(reverted))
+    return kept
+
+
+def _judge(with_patch: dict[str, int], without: dict[str, int]) -> tuple[str, str]:
+    if not without.get("passed") and not without.get("failed") and not without.get("error"):
+        return "unknown", "no test ran"
+    if without.get("failed") or without.get("error"):
+        return "needed", ""
+    if with_patch.get("failed") or with_patch.get("error"):
+        return "unknown", "the tests fail with the patch too"
+    return "candidate", ""
+
+
+def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | None = None) -> list[ProbeResult]:
+    """Probe the patches of the laid line (all, or ``names``: full names or number prefixes).
+
+    ``python`` is the interpreter of the environment the laid tree is installed in (``.venv``); ``env`` the
+    environment for its pytest (``kimi test``'s).
+
+    Raises:
+        KimiError: a name matches no patch; a patch's hunks are not in the laid tree (sync first).
+    """
+    from kimi.fork.state import SyncState
+
+    state = SyncState.load(layout.state_file)
+    if state is None or state.failed:
+        raise KimiError("the probe runs on a fully synced and installed line: `kimi sync`, then `kimi setup`")
+    series = load_series(layout.patches_dir(state.line))
+    chosen = [p for p in series if not names or any(p.name == n or p.name.startswith(n) for n in names)]
+    if names and len(chosen) == 0:
+        raise KimiError(f"no patch matches {', '.join(names)} (series: {', '.join(p.name for p in series)})")
+    version = load_pin(layout.line_dir(state.line) / "pin.json").version
+    results = []
+    for patch in chosen:
+        tests = probe_tests(patch)
+        if any(not f.startswith("vllm/") for f in patch.files()):
+            results.append(ProbeResult(patch.name, "unknown", tests, {}, {}, "not probed: build-time files"))
+            continue
+        if not tests:
+            results.append(ProbeResult(patch.name, "unknown", tests, {}, {}, "no tests/ named in its header"))
+            continue
+        say(f"probe {patch.name}: {', '.join(tests)} with the patch, then without it on vllm {version}")
+        with_patch = _run(python, layout.root, tests, env)
+        kept = _without(layout.root, patch)
+        try:
+            without = _run(python, layout.root, tests, env)
+        finally:
+            for path, data in kept.items():
+                path.write_bytes(data)
+        outcome, note = _judge(with_patch, without)
+        results.append(ProbeResult(patch.name, outcome, tests, with_patch, without, note))
+        say(f"probe {patch.name}: {outcome}" + (f" ({note})" if note else ""))
+    _write_report(layout, state.line, version, results)
+    return results
+
+
+def _cell(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "-"
+
+
+def _write_report(layout: Layout, line: str, version: str, results: list[ProbeResult]) -> None:
+    out = layout.private / "rebase"
+    written = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_json_atomic(out / "probe.json", {"line": line, "version": version, "written": written,
+                                           "patches": [asdict(r) for r in results]})
+    intro = (f"Written {written}. Each patch's tests with the patch, then with its hunks taken out of the laid "
+             "tree (`kimi rebase --probe`).")
+    rows = [f"# Absorption probe of `{line}` on vLLM {version}", "", intro, "",
+            "| patch | outcome | tests | with the patch | without it | note |", "|---|---|---|---|---|---|"]
+    rows += [f"| {r.name} | {r.outcome} | {', '.join(r.tests) or '-'} | {_cell(r.with_patch)} | "
+             f"{_cell(r.without_patch)} | {r.note} |" for r in results]
+    write_atomic(out / "probe.md", "\n".join(rows) + "\n")

@@ -1,0 +1,65 @@
+"""``kimi rebase --probe`` (``kimi.fork.probe``): each patch's tests with the patch and without its hunks.
+
+A synthetic line with two patches of ``vllm/config/speculative.py``: the first one's test fails without it
+(``needed``), the second one's test passes without it (upstream "fixed it its own way": ``candidate``). The
+laid tree is back byte for byte afterwards, and a build-time patch is not probed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from conftest import Fork, patch_text, speculative_patch
+from kimi.fork.layout import Layout
+from kimi.fork.probe import probe, pytest_counts
+
+SPEC = "vllm/config/speculative.py"
+
+_TESTS = """
+from pathlib import Path
+
+TEXT = (Path(__file__).parents[1] / "vllm" / "config" / "speculative.py").read_text()
+
+
+def test_needed():
+    assert "line 10 patched" in TEXT
+
+
+def test_fixed_upstream():
+    assert "line 30" in TEXT  # holds with the patch ("line 30 patched") and without it
+"""
+
+
+def _with_check(text: str, test: str) -> str:
+    return text.replace("Tests: tests/\n", f"Tests: tests/probe_t.py::{test}\n")
+
+
+def test_probe_tells_needed_from_candidate_and_restores_the_tree(fork: Fork) -> None:
+    name, text = speculative_patch(1, 10, "line 10 patched")
+    fork.add_patch(name, _with_check(text, "test_needed"))
+    name, text = speculative_patch(2, 30, "line 30 patched")
+    fork.add_patch(name, _with_check(text, "test_fixed_upstream"))
+    fork.add_patch("0003-build.patch", patch_text("0003-build", "setup.py", "print('setup')", "print('fork')", 1, []))
+    (fork.root / "tests").mkdir()
+    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
+    fork.commit("three patches")
+    assert fork.sync().returncode == 0, "sync"
+    laid = (fork.root / SPEC).read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(fork.root)}
+    results = {r.name: r for r in probe(Layout.of(fork.root), Path(sys.executable), env)}
+    assert results["0001-change-line-10"].outcome == "needed"
+    assert results["0001-change-line-10"].with_patch == {"passed": 1}
+    assert results["0001-change-line-10"].without_patch == {"failed": 1}
+    assert results["0002-change-line-30"].outcome == "candidate"
+    assert results["0003-build"].outcome == "unknown" and "build-time" in results["0003-build"].note
+    assert (fork.root / SPEC).read_bytes() == laid
+    report = (fork.root / ".kimi" / "rebase" / "probe.md").read_text()
+    assert "| 0002-change-line-30 | candidate | tests/probe_t.py::test_fixed_upstream | 1 passed | 1 passed |" in report
+
+
+def test_pytest_counts_reads_the_closing_line() -> None:
+    assert pytest_counts("...\n2 failed, 3 passed, 1 skipped, 1 error in 2.1s\n") == \
+        {"failed": 2, "passed": 3, "skipped": 1, "error": 1}
+    assert pytest_counts("no tests ran in 0.01s") == {}
