@@ -3,8 +3,11 @@ prepare`): the configure command and environment of each subset, the errors for 
 tools, jobs sized to memory, and preparing sources from local wheels, checkouts and archives.
 
 No GPU, no network and no compiler: a miniature vLLM tree (the CMake statements the code reads,
-written as vLLM 0.26.0 writes them) and a stated toolchain. One test reads the real laid tree where
-`kimi sync` laid it; the real CMake configure is marked ``build`` (set KIMI_TEST_BUILD=1; minutes).
+written as vLLM 0.26.0 writes them, and 0.32.0's where the code reads more) and a stated toolchain.
+Two tests read real trees: the laid one where `kimi sync` laid it (its expectations chosen by the
+release the mainline pins) and 0.26.0's from the cached sdist where `kimi sync` left it (the v0.26 line);
+one runs CMake (pip's, a second) on the compiler waiver; the real CMake configure is marked ``build``
+(set KIMI_TEST_BUILD=1; minutes).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -120,11 +124,21 @@ def make_tree(root: Path) -> Path:
     return root
 
 
-def fill(folder: Path, variable: str) -> Path:
-    """A complete source folder for ``variable`` (every file of REQUIRED, empty)."""
-    for rel in srcs.REQUIRED[variable]:
+def required(variable: str) -> list[str]:
+    """What the miniature tree's CMake file of ``variable`` makes a folder need (srcs.required_files)."""
+    text = next((t for t in EXTERNAL.values() if f"ENV{{{variable}}}" in t), "")
+    return srcs.required_files(variable, text)
+
+
+def fill(folder: Path, variable: str, need: list[str] | None = None) -> Path:
+    """A complete source folder for ``variable`` (every entry the miniature tree requires, empty files;
+    a folder entry holds one file)."""
+    for rel in required(variable) if need is None else need:
         path = folder / rel
-        if Path(rel).suffix:
+        if rel.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "x").write_text("")
+        elif Path(rel).suffix:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")
         else:
@@ -196,18 +210,76 @@ def test_sm100_units_read_from_cmake(tmp_path):
         vb.sm100_units(root)
 
 
+# What each release's CMake has, as read from its source by hand (the laid tree is the mainline's pin;
+# 0.26.0, the v0.26 line, also from the cached sdist).
+_V026_VARS = {"VLLM_CUTLASS_SRC_DIR", "FLASH_MLA_SRC_DIR", "VLLM_FLASH_ATTN_SRC_DIR", "DEEPGEMM_SRC_DIR",
+              "QUTLASS_SRC_DIR", "FMHA_SM100_SRC_DIR", "TML_FA4_SRC_DIR", "TRITON_KERNELS_SRC_DIR"}
+RELEASES = {
+    "0.26.0": dict(units=13, prefix="csrc/libtorch_stable/", new_units=(), cutlass="v4.4.2", variables=_V026_VARS,
+                   gcc=["11.3"], deepgemm_submodules={"third-party/cutlass/", "third-party/fmt/"},
+                   fmha_folders=("python/fmha_sm100/cute/",)),
+    "0.32.0": dict(units=14, prefix="csrc/", new_units=("nvfp4_ds_mla_cache_kernels.cu",), cutlass="v4.7.1",
+                   variables=_V026_VARS | {"DEEPSELECT_SRC_DIR", "FLASH_KDA_SRC_DIR"}, gcc=["11.3", "13"],
+                   deepgemm_submodules={"third-party/cutlass/", "third-party/deep_jit/"},
+                   fmha_folders=("python/fmha_sm100/kvouter/", "python/fmha_sm100/decode_q8kv4/")),
+}
+SDIST_026 = ROOT / ".kimi" / "cache" / "vllm-0.26.0.tar.gz"
+
+
+def _pinned_version() -> str:
+    return json.loads((ROOT / "kimi" / "lines" / "mainline" / "pin.json").read_text())["version"]
+
+
+def _sdist_tree(sdist: Path, dest: Path) -> Path:
+    """The CMake files and csrc/ of a vLLM sdist, unpacked under ``dest``."""
+    top = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(
+            (f"{top}/CMakeLists.txt", f"{top}/cmake/", f"{top}/csrc/"))]
+        tar.extractall(dest, members=members, filter="data")
+    return dest / top
+
+
+def _check_release(root: Path, release: str) -> None:
+    """The tree at ``root`` has the sm_100-only group, external sources and GCC checks of ``release``."""
+    want = RELEASES.get(release)
+    assert want, f"no expectations for vLLM {release}: read its CMakeLists.txt and add RELEASES[{release!r}]"
+    units = vb.sm100_units(root)
+    names = [Path(u.source).name for u in units]
+    assert len(units) == want["units"] and {u.target for u in units} == {"_C_stable_libtorch"}
+    for name in ("scaled_mm_c3x_sm100.cu", "scaled_mm_blockwise_sm100_fp8.cu", "grouped_mm_c3x_sm100.cu",
+                 "nvfp4_scaled_mm_kernels.cu", "mxfp4_experts_quant.cu", "nvfp4_kv_cache_kernels.cu",
+                 "sm100_cutlass_mla_kernel.cu", *want["new_units"]):
+        assert name in names, name
+    assert all(u.source.startswith(want["prefix"]) and (root / u.source).is_file() for u in units)
+    found = {s.variable: s for s in srcs.external_sources(root, root / "no-such-sources")}
+    assert set(found) == want["variables"], "a new *_SRC_DIR: give it REQUIRED files in kimi/kernels/sources.py"
+    assert set(found) <= set(srcs.REQUIRED)
+    assert found["VLLM_CUTLASS_SRC_DIR"].tag == want["cutlass"]
+    assert all(s.repository.startswith("https://github.com/") and s.tag != "?" for s in found.values())
+    dg = found["DEEPGEMM_SRC_DIR"].required
+    assert {r for r in dg if r.startswith("third-party/") and r.count("/") == 2} == want["deepgemm_submodules"]
+    assert all(f in found["FMHA_SM100_SRC_DIR"].required for f in want["fmha_folders"])
+    assert not any("python/triton_kernels" in r for r in found["TRITON_KERNELS_SRC_DIR"].required)
+    assert "csrc/api/api.cpp" in found["FLASH_MLA_SRC_DIR"].required
+    own = ("vllm/third_party/flashmla/flash_mla_interface.py", "tools/build_deepgemm_C.py")  # ${CMAKE_SOURCE_DIR}/...
+    assert not any(r in own for s in found.values() for r in s.required)
+    assert [c.version for c in vb.compiler_checks(root)] == want["gcc"]
+    assert vb.project_name(root) == "vllm_extensions"
+
+
 @pytest.mark.skipif(not (ROOT / "CMakeLists.txt").is_file(), reason="the vLLM tree is not laid (`kimi sync`)")
 def test_real_tree_sm100_group_and_sources():
-    """The laid 0.26.0 tree: the 13 sm_100-only units of _C_stable_libtorch, and every *_SRC_DIR known."""
-    units = vb.sm100_units(ROOT)
-    names = [Path(u.source).name for u in units]
-    assert len(units) == 13 and {u.target for u in units} == {"_C_stable_libtorch"}
-    for name in ("scaled_mm_c3x_sm100.cu", "scaled_mm_blockwise_sm100_fp8.cu", "grouped_mm_c3x_sm100.cu",
-                 "nvfp4_scaled_mm_kernels.cu", "mxfp4_experts_quant.cu", "sm100_cutlass_mla_kernel.cu"):
-        assert name in names
-    assert all((ROOT / u.source).is_file() for u in units)
-    variables = {s.variable for s in srcs.external_sources(ROOT, ROOT / "no-such-sources")}
-    assert variables == set(srcs.REQUIRED), "a *_SRC_DIR without REQUIRED files: update kimi/kernels/sources.py"
+    """The laid tree (the mainline's pinned release): its sm_100-only units of _C_stable_libtorch, every
+    *_SRC_DIR known, what the tree makes each source need, its GCC checks."""
+    _check_release(ROOT, _pinned_version())
+
+
+@pytest.mark.skipif(not SDIST_026.is_file(), reason="no cached vllm-0.26.0.tar.gz (`kimi sync --line v0.26`)")
+def test_real_026_tree_keeps_its_group_and_sources(tmp_path):
+    """0.26.0 (the v0.26 line) read by the same code: 13 units under csrc/libtorch_stable/, eight sources,
+    DeepGEMM's fmt submodule, no GCC 13 check."""
+    _check_release(_sdist_tree(SDIST_026, tmp_path), "0.26.0")
 
 
 def test_fork_subset_builds_the_draft_head_and_the_series_units(tmp_path, monkeypatch):
@@ -320,7 +392,7 @@ def test_sm100_needs_cutlass_and_a_10x_arch(tmp_path):
     p = plan(root, "sm100", archs=("9.0a",))
     text = "\n".join(p.problems)
     assert "VLLM_CUTLASS_SRC_DIR: a checkout of https://github.com/nvidia/cutlass.git at v4.4.2" in text
-    assert "nvidia-cutlass 4.2.0 from the package index" in text
+    assert "the package index's nvidia-cutlass, 4.2.0, with the pinned vLLM wheel's newer CUTLASS headers" in text
     assert "has none: add 10.0a" in text
 
 
@@ -399,6 +471,260 @@ def test_cli_dry_run_prints_commands_and_missing_sources(tmp_path):
                           capture_output=True, text=True, timeout=300)
     data = json.loads(proc.stdout)
     assert data["env"]["TORCH_CUDA_ARCH_LIST"] == "10.0a" and len(data["units"]) == 6
+
+
+# ---------------------------------------------------------------------------------------------
+# What the tree's CMake file makes a source need (0.32.0's statements)
+
+DEEPGEMM_032 = """if (DEFINED ENV{DEEPGEMM_SRC_DIR})
+  set(DEEPGEMM_SRC_DIR $ENV{DEEPGEMM_SRC_DIR})
+endif()
+  set(_DEEPGEMM_UPSTREAM_REPO "https://github.com/vllm-project/DeepGEMM.git")
+  set(_DEEPGEMM_UPSTREAM_TAG "1e1842a833699298f7afc02eefb2ed168fff6938")
+  if(EXISTS "${_deepgemm_src}/deep_gemm/_C.py")
+  else()
+    FetchContent_Populate(deepgemm GIT_REPOSITORY "${_DEEPGEMM_UPSTREAM_REPO}" GIT_TAG "${_DEEPGEMM_UPSTREAM_TAG}"
+      GIT_SUBMODULES "third-party/cutlass" "third-party/deep_jit"
+      GIT_PROGRESS TRUE
+    )
+  endif()
+  file(GLOB_RECURSE _dg_headers "${deepgemm_SOURCE_DIR}/csrc/*.h" "${deepgemm_SOURCE_DIR}/deep_gemm/include/*.cuh")
+  add_custom_command(OUTPUT x
+    COMMAND "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/tools/build_deepgemm_C.py" "${deepgemm_SOURCE_DIR}" x
+    DEPENDS "${CMAKE_SOURCE_DIR}/tools/build_deepgemm_C.py"
+            "${deepgemm_SOURCE_DIR}/csrc/python_api.cpp"
+            "${deepgemm_SOURCE_DIR}/deep_gemm/_C.py"
+            "${deepgemm_SOURCE_DIR}/setup.py")
+  install(DIRECTORY "${deepgemm_SOURCE_DIR}/deep_gemm/utils/" DESTINATION vllm/third_party/deep_gemm/utils)
+  # install(DIRECTORY "${deepgemm_SOURCE_DIR}/commented_out/")
+"""
+FMHA_032 = """if(DEFINED ENV{FMHA_SM100_SRC_DIR})
+  set(FMHA_SM100_SRC_DIR $ENV{FMHA_SM100_SRC_DIR})
+endif()
+FetchContent_Declare(fmha_sm100 GIT_REPOSITORY https://github.com/vllm-project/MSA.git
+  GIT_TAG 968061ab16cb14991a5c7d4c0e8eabf531be0dcf)
+set(FMHA_SM100_PY_ROOT "${fmha_sm100_SOURCE_DIR}/python/fmha_sm100")
+install(FILES "${FMHA_SM100_PY_ROOT}/api.py" "${FMHA_SM100_PY_ROOT}/nvfp4_kv.py" DESTINATION x)
+install(DIRECTORY "${FMHA_SM100_PY_ROOT}/kvouter/" DESTINATION y)
+"""
+FLASHKDA_032 = """if(DEFINED ENV{FLASH_KDA_SRC_DIR})
+  set(FLASH_KDA_SRC_DIR $ENV{FLASH_KDA_SRC_DIR})
+endif()
+if(FLASH_KDA_SRC_DIR)
+  FetchContent_Declare(flashkda SOURCE_DIR ${FLASH_KDA_SRC_DIR})
+else()
+  FetchContent_Declare(flashkda GIT_REPOSITORY https://github.com/vllm-project/FlashKDA.git
+    GIT_TAG 17a037d98da546deb4591e967cf961a43c034d8b
+    GIT_PROGRESS TRUE
+    GIT_SUBMODULES cutlass
+  )
+endif()
+  set(FLASH_KDA_SOURCES
+    csrc/flashkda_registration.cpp
+    ${flashkda_SOURCE_DIR}/csrc/flash_kda.cpp
+    ${flashkda_SOURCE_DIR}/csrc/smxx/fwd_launch.cu)
+  set(FLASH_KDA_INCLUDES ${flashkda_SOURCE_DIR}/csrc ${flashkda_SOURCE_DIR}/cutlass/include)
+"""
+DEEPSELECT_032 = """if (DEFINED ENV{DEEPSELECT_SRC_DIR})
+  set(DEEPSELECT_SRC_DIR $ENV{DEEPSELECT_SRC_DIR})
+endif()
+FetchContent_Declare(deepselect GIT_REPOSITORY https://github.com/vllm-project/DeepSelect.git
+  GIT_TAG d96d33afe1fab0d6066da49cdc91e64c2bee65ea)
+    file(GLOB DeepSelect_SOURCES CONFIGURE_DEPENDS
+        ${deepselect_SOURCE_DIR}/csrc/cuda_kernels/v3/instantiations/*.cu)
+    list(PREPEND DeepSelect_SOURCES ${deepselect_SOURCE_DIR}/csrc/api.cpp)
+"""
+
+
+def test_tree_required_reads_files_folders_and_submodules():
+    dg = srcs.tree_required("DEEPGEMM_SRC_DIR", DEEPGEMM_032)
+    assert dg == ["csrc/python_api.cpp", "deep_gemm/_C.py", "setup.py", "deep_gemm/utils/", "third-party/cutlass/",
+                  "third-party/deep_jit/"]  # no glob, no ${CMAKE_SOURCE_DIR} file, no comment, no GIT_PROGRESS
+    assert "third-party/fmt/" in srcs.tree_required("DEEPGEMM_SRC_DIR", DEEPGEMM_032.replace("deep_jit", "fmt"))
+    assert srcs.tree_required("FMHA_SM100_SRC_DIR", FMHA_032) == [  # through the FMHA_SM100_PY_ROOT alias
+        "python/fmha_sm100/api.py", "python/fmha_sm100/nvfp4_kv.py", "python/fmha_sm100/kvouter/"]
+    assert srcs.tree_required("FLASH_KDA_SRC_DIR", FLASHKDA_032) == ["csrc/flash_kda.cpp", "csrc/smxx/fwd_launch.cu",
+                                                                    "cutlass/"]
+    triton = ('set(T "${triton_kernels_SOURCE_DIR}/python/triton_kernels/triton_kernels/")\n'
+              'install(DIRECTORY ${triton_kernels_SOURCE_DIR}/python/triton_kernels/triton_kernels/)\n')
+    assert srcs.tree_required("TRITON_KERNELS_SRC_DIR", triton) == []  # the clone's layout, not the env folder's
+    need = srcs.required_files("DEEPGEMM_SRC_DIR", DEEPGEMM_032)
+    assert need[:len(srcs.REQUIRED["DEEPGEMM_SRC_DIR"])] == list(srcs.REQUIRED["DEEPGEMM_SRC_DIR"])
+    assert srcs.required_files("DEEPGEMM_SRC_DIR") == list(srcs.REQUIRED["DEEPGEMM_SRC_DIR"])
+
+
+def test_an_empty_submodule_folder_is_missing(tmp_path):
+    root = make_tree(tmp_path / "vllm")
+    (root / "cmake" / "external_projects" / "deepgemm.cmake").write_text(DEEPGEMM_032)
+    need = srcs.required_files("DEEPGEMM_SRC_DIR", DEEPGEMM_032)
+    folder = fill(root / ".kimi" / "sources" / "deepgemm", "DEEPGEMM_SRC_DIR", need)
+    found = {s.variable: s for s in srcs.external_sources(root)}
+    assert found["DEEPGEMM_SRC_DIR"].present and found["DEEPGEMM_SRC_DIR"].required == need
+    (folder / "third-party" / "deep_jit" / "x").unlink()  # a checkout without `git submodule update`
+    found = {s.variable: s for s in srcs.external_sources(root)}
+    assert found["DEEPGEMM_SRC_DIR"].missing_files == ["third-party/deep_jit/"]
+    assert "lacks: third-party/deep_jit/" in srcs.render(list(found.values()))
+
+
+def test_032_sources_get_standins_and_a_build_needs_them(tmp_path):
+    root = make_tree(tmp_path / "vllm")
+    for name, text in (("flashkda.cmake", FLASHKDA_032), ("deepselect.cmake", DEEPSELECT_032)):
+        (root / "cmake" / "external_projects" / name).write_text(text)
+    fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
+    p = plan(root)
+    assert {"DEEPSELECT_SRC_DIR", "FLASH_KDA_SRC_DIR"} <= set(p.standins) and not p.problems
+    found = {s["variable"]: s for s in p.sources}
+    vb.make_standin(root, found["FLASH_KDA_SRC_DIR"], tmp_path / "kda")
+    assert (tmp_path / "kda" / "csrc" / "smxx" / "fwd_launch.cu").is_file()
+    assert not (tmp_path / "kda" / "CMakeLists.txt").exists()  # FetchContent_MakeAvailable adds no subproject
+    vb.make_standin(root, found["DEEPSELECT_SRC_DIR"], tmp_path / "ds")
+    assert (tmp_path / "ds" / "csrc" / "api.cpp").is_file()
+    problems = "\n".join(plan(root, "all").problems)
+    assert "DeepSelect.git at d96d33afe1fab0d6066da49cdc91e64c2bee65ea" in problems and "FlashKDA.git" in problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Host compiler checks (0.32.0: GCC >= 13 for DeepGEMM/DeepSelect) and the configure-only waiver
+
+GCC_CHECKS = """project(vllm_extensions LANGUAGES CXX)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS "11.3")
+  message(FATAL_ERROR
+    "GCC >= 11.3 is required to build vLLM (found ${CMAKE_CXX_COMPILER_VERSION}). ")
+endif()
+if (VLLM_GPU_LANG STREQUAL "CUDA"
+    AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU"
+    AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS "13")
+  message(FATAL_ERROR
+    "GCC >= 13 is required to build vLLM with CUDA (found ${CMAKE_CXX_COMPILER_VERSION}). "
+    "The DeepGEMM and DeepSelect dependencies use C++20 <format> in host code.")
+endif()
+"""
+WAIVED = "GCC >= 13 is required to build vLLM with CUDA (found "
+
+
+def test_compiler_checks_are_read_and_a_gcc_13_check_is_waived_for_sm100(tmp_path):
+    root = make_tree(tmp_path / "vllm")
+    (root / "CMakeLists.txt").write_text(CMAKELISTS + GCC_CHECKS)
+    (root / "cmake" / "external_projects" / "deepgemm.cmake").write_text(DEEPGEMM_032)
+    checks = vb.compiler_checks(root)
+    assert [(c.version, c.prefix) for c in checks] == [("11.3", "GCC >= 11.3 is required to build vLLM (found "),
+                                                       ("13", WAIVED)]
+    assert "DeepGEMM and DeepSelect" in checks[1].message
+    fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
+    gcc12 = toolchain(cxx="/usr/bin/c++", cxx_version="12.2.0", cxx_gnu=True)
+    p = plan(root, toolchain=gcc12)
+    assert p.waivers == [WAIVED] and not p.problems
+    assert f"-DCMAKE_PROJECT_vllm_extensions_INCLUDE={root / 'build' / vb.WAIVERS_FILE}" in p.configure
+    note = next(w for w in p.warnings if "GCC 12.2.0" in w)
+    assert "for DeepGEMM, which the sm100 subset does not compile: waived" in note and "needs GCC >= 13" in note
+    p = plan(root, "all", toolchain=gcc12)
+    assert not p.waivers and any("stops for GCC < 13" in x and "install GCC >= 13" in x for x in p.problems)
+    p = plan(root, toolchain=toolchain(cxx="/usr/bin/c++", cxx_version="11.2.0", cxx_gnu=True))
+    assert p.waivers == [WAIVED] and any("stops for GCC < 11.3" in x for x in p.problems)  # vLLM's own: no waiver
+    for tc in (toolchain(cxx="/usr/bin/c++", cxx_version="13.3.0", cxx_gnu=True),
+               toolchain(cxx="/usr/bin/clang++", cxx_version="18.1.0", cxx_gnu=False)):
+        p = plan(root, toolchain=tc)
+        assert not p.waivers and not p.problems and not any("INCLUDE=" in x for x in p.configure)
+    p = plan(root, toolchain=gcc12, cmake_args=["-DCMAKE_CXX_COMPILER=/opt/gcc-14/bin/g++"])
+    assert not p.waivers and not p.problems  # the caller chose the compiler
+
+
+def _cmake() -> str | None:
+    for c in (ROOT / ".venv" / "bin" / "cmake", Path(sys.executable).parent / "cmake"):
+        if c.is_file():
+            return str(c)
+    return shutil.which("cmake")
+
+
+@pytest.mark.skipif(_cmake() is None, reason="no cmake")
+def test_the_waiver_turns_only_that_fatal_error_into_a_warning(tmp_path):
+    """Real CMake: the waived FATAL_ERROR becomes a warning, another one still stops, other messages
+    pass unchanged (a list's semicolons, several arguments)."""
+    waivers = tmp_path / vb.WAIVERS_FILE
+    waivers.write_text(vb.waivers_cmake([WAIVED]))
+    src = tmp_path / "src"
+    src.mkdir()
+    def configure(body: str) -> subprocess.CompletedProcess:
+        (src / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.20)\nproject(vllm_extensions NONE)\n"
+                                            "project(vllm_extensions NONE)\n" + body)  # a second project(): guarded
+        shutil.rmtree(tmp_path / "b", ignore_errors=True)
+        return subprocess.run([_cmake(), "-S", str(src), "-B", str(tmp_path / "b"),
+                               f"-DCMAKE_PROJECT_vllm_extensions_INCLUDE={waivers}"], capture_output=True, text=True,
+                              timeout=120)
+    proc = configure('set(V 12.2.0)\nmessage(STATUS "archs: 9.0a;10.0a" " and more")\n'
+                     'message(FATAL_ERROR "GCC >= 13 is required to build vLLM with CUDA (found ${V}). " "next")\n'
+                     'message(STATUS "after the check")\n')
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "-- archs: 9.0a;10.0a and more" in out and "-- after the check" in out
+    assert "waived this check" in out and "(found 12.2.0).  next" in out.replace("\n  ", " ")
+    proc = configure('message(FATAL_ERROR "GCC >= 11.3 is required to build vLLM (found 11.2)")\n')
+    assert proc.returncode != 0 and "GCC >= 11.3 is required" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA toolkit overlay (a pip-laid toolkit without cuBLAS, NVRTC or a libcuda stub)
+
+def _pip_toolkit(tmp_path: Path) -> tuple[Path, Path]:
+    """A toolkit laid out as the nvidia-cuda-nvcc wheels lay it, and a site-packages with nvidia/cu13."""
+    home = tmp_path / "cuda-13.0"
+    for rel in ("bin/nvcc", "bin/ptxas", "bin/nvcc.profile", "include/cuda_runtime_api.h", "lib/libcudart.so",
+                "lib/libcudart.so.13", "nvvm/bin/cicc"):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(rel)
+    (home / "lib64").symlink_to("lib")
+    (home / "targets" / "x86_64-linux").mkdir(parents=True)
+    (home / "targets" / "x86_64-linux" / "include").symlink_to("../../include")
+    (home / "targets" / "x86_64-linux" / "lib").symlink_to("../../lib")
+    site = tmp_path / "site-packages"
+    for rel in ("nvidia/cu13/include/cublas_v2.h", "nvidia/cu13/include/nvrtc.h", "nvidia/cu13/lib/libnvrtc.so.13",
+                "nvidia/cu13/lib/libcublas.so.13", "nvidia/cu13/lib/libcudart.so.13", "nvidia/nccl/lib/libnccl.so.2"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(rel)
+    return home, site
+
+
+def test_toolkit_overlay_fills_the_gaps_from_the_cuda_wheels(tmp_path, monkeypatch):
+    home, site = _pip_toolkit(tmp_path)
+    monkeypatch.setattr(vb, "toolkit_gaps", _gaps_without_the_machine)
+    gaps = vb.toolkit_gaps(home)
+    assert gaps == ["include/cublas_v2.h", "libnvrtc.so", vb.LIBCUDA_GAP]
+    providers = vb.overlay_providers(["", str(site), str(tmp_path / "nowhere")])
+    assert providers == [site / "nvidia" / "cu13", site / "nvidia" / "nccl"]
+    root = make_tree(tmp_path / "vllm")
+    fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
+    tc = toolchain(nvcc=str(home / "bin" / "nvcc"), cuda_home=str(home), toolkit_gaps=gaps, python_path=[str(site)])
+    p = plan(root, toolchain=tc)
+    overlay = root / "build" / vb.OVERLAY_DIR
+    assert not p.problems and p.overlay == {"path": str(overlay), "home": str(home), "providers": list(map(str,
+                                                                                                          providers))}
+    assert p.env["CUDA_HOME"] == str(overlay) and p.env["PATH"] == f"{overlay}/bin:$PATH"
+    assert f"-DCMAKE_CUDA_COMPILER={overlay}/bin/nvcc" in p.configure
+    assert any("an overlay of it and" in w for w in p.warnings)
+    vb.make_toolkit_overlay(home, providers, overlay)
+    assert vb.toolkit_gaps(overlay) == []
+    assert not (overlay / "bin" / "nvcc").is_symlink() and (overlay / "bin" / "nvcc").read_text() == "bin/nvcc"
+    assert (overlay / "bin" / "ptxas").resolve() == (home / "bin" / "ptxas").resolve()
+    assert (overlay / "include" / "cuda_runtime_api.h").is_file() and (overlay / "include" / "nvrtc.h").is_file()
+    assert (overlay / "targets" / "x86_64-linux" / "include" / "cublas_v2.h").is_file()
+    assert (overlay / "lib64" / "libnvrtc.so").resolve() == (site / "nvidia/cu13/lib/libnvrtc.so.13").resolve()
+    assert (overlay / "lib" / "libcudart.so.13").read_text() == "lib/libcudart.so.13"  # the toolkit's wins
+    assert (overlay / "lib" / "stubs" / "libcuda.so").is_file() and (overlay / "nvvm" / "bin" / "cicc").is_file()
+    vb.make_toolkit_overlay(home, providers, overlay)  # again: replaced whole
+    assert plan(root, "all", toolchain=tc).overlay is None  # all links: a real toolkit
+    # without the wheels: a problem naming the fix
+    p = plan(root, toolchain=toolchain(nvcc=str(home / "bin" / "nvcc"), cuda_home=str(home), toolkit_gaps=gaps))
+    assert p.overlay is None and any("lacks include/cublas_v2.h, libnvrtc.so" in x and "nvidia-cublas" in x
+                                     for x in p.problems)
+
+
+real_gaps = vb.toolkit_gaps
+
+
+def _gaps_without_the_machine(home: Path, providers=()) -> list[str]:
+    """toolkit_gaps with a libcuda.so looked for in the toolkit only (not a driver's in /usr/lib)."""
+    stub = any((home / d / "libcuda.so").exists() for d in ("lib/stubs", "lib64/stubs", "lib", "lib64"))
+    return [g for g in real_gaps(home, providers) if g != vb.LIBCUDA_GAP] + ([] if stub else [vb.LIBCUDA_GAP])
 
 
 FAKE_CMAKE = r"""#!/bin/sh
@@ -592,11 +918,13 @@ def test_unpack_refuses_unsafe_paths(tmp_path):
 @pytest.mark.build
 @pytest.mark.skipif(not (ROOT / "CMakeLists.txt").is_file(), reason="the vLLM tree is not laid (`kimi sync`)")
 def test_real_offline_configure_of_the_sm100_group(tmp_path, monkeypatch):
-    """vLLM's CMake configure with local sources only (prepared CUTLASS, stand-ins for the rest):
-    build.ninja then has the 13 sm_100 object targets."""
+    """vLLM's CMake configure with local sources only (prepared CUTLASS, stand-ins for the rest, and
+    where needed the compiler waiver and the toolkit overlay): build.ninja then has every sm_100-only
+    object target of the laid tree (13 in 0.26.0, 14 in 0.32.0). KIMI_TEST_PYTHON names an environment
+    with torch's CUDA build when .venv's is a CPU build."""
     if CUDA_HOME:
         monkeypatch.setenv("CUDA_HOME", CUDA_HOME)
-    p = vb.make_plan(ROOT, "sm100", build_dir=tmp_path / "build")
+    p = vb.make_plan(ROOT, "sm100", build_dir=tmp_path / "build", python=os.environ.get("KIMI_TEST_PYTHON"))
     if p.problems:
         pytest.skip("cannot configure here: " + "; ".join(p.problems))
     record = vb.run(p, configure_only=True)

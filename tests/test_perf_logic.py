@@ -229,8 +229,12 @@ def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     args = argparse.Namespace(upstream_site=Path("/tmp/upstream"), fork_site=Path("/tmp/site"), fork_greedy="auto")
     up = variant_env(args, {"variant": "upstream"}, tmp_path)
     fork = variant_env(args, {"variant": "fork", "greedy": "check"}, tmp_path)
-    assert up["PYTHONPATH"].split(os.pathsep)[:2] == ["/tmp/upstream", "/tmp/site"]
-    assert fork["PYTHONPATH"].split(os.pathsep)[0] == "/tmp/site" and "/tmp/upstream" not in fork["PYTHONPATH"]
+    # the whole kimi package first (a folder holding only its link), then the vllm the engine must see
+    kimi_only = tmp_path / "kimi-path"
+    assert sorted(p.name for p in kimi_only.iterdir()) == ["kimi"] and (kimi_only / "kimi" / "hooks").is_dir()
+    assert up["PYTHONPATH"].split(os.pathsep)[:3] == [str(kimi_only), "/tmp/upstream", "/tmp/site"]
+    assert fork["PYTHONPATH"].split(os.pathsep)[:2] == [str(kimi_only), "/tmp/site"]
+    assert "/tmp/upstream" not in fork["PYTHONPATH"]
     assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
     nospec = variant_env(args, {"variant": "nospec"}, tmp_path)
     assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"] == nospec["VLLM_CACHE_ROOT"]

@@ -47,13 +47,13 @@ def checkout() -> Path:
 
 
 def kimi_path(scratch: Path) -> Path:
-    """``scratch/kimi-path``, a folder holding only ``kimi`` (a link to this checkout's package). First on a worker's
+    """``scratch/kimi-path``, a folder holding only ``kimi`` (a link to the package of this module). First on a worker's
     ``PYTHONPATH`` it gives the whole ``kimi`` package (the harness) before an installed site's runtime copy (``kimi
     install-into`` copies the hooks only), without the checkout's laid ``vllm/`` shadowing the site's ``vllm``."""
     folder = scratch / "kimi-path"
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
-        (folder / "kimi").symlink_to(checkout() / "kimi", target_is_directory=True)
+        (folder / "kimi").symlink_to(Path(__file__).resolve().parents[1], target_is_directory=True)
     return folder
 
 

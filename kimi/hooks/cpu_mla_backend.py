@@ -4,11 +4,10 @@ The backend itself is ``kimi.cpu_mla`` (torch arithmetic in ``ops``, vLLM classe
 scheduled token - prefill, chunked prefill, prefix-cache hits, decode, the ``1 + k`` tokens of EAGLE
 verification - takes one paged latent-attention path.
 
-``CpuPlatform`` calls :func:`attention_backend` for MLA layers and asks :func:`keeps_chunked_prefill`
-before it turns chunked prefill and prefix caching off for MLA models (vLLM 0.32.0 does, for its own
-reference CPU MLA backend).  vLLM 0.32.0's own CPU MLA (``vllm/v1/attention/backends/mla/cpu_mla.py``,
-decode through ``mla_decode_kvcache``, SDPA prefill) and AMX MLA backends stay reachable with
-``--attention-backend AMX_MLA``.  The v0.26 line (upstream raises "MLA is not supported on CPU") also calls
+``CpuPlatform`` calls :func:`attention_backend` for MLA layers and asks :func:`serves` before it applies the
+rules of vLLM 0.32.0's own reference CPU MLA backend (``vllm/v1/attention/backends/mla/cpu_mla.py``: decode
+through ``mla_decode_kvcache``, SDPA prefill; block size 16, chunked prefill and prefix caching off). Upstream's
+AMX MLA backend stays reachable with ``--attention-backend AMX_MLA``.  The v0.26 line (upstream raises "MLA is not supported on CPU") also calls
 :func:`configure`.
 """
 
@@ -46,9 +45,13 @@ def attention_backend(selected_backend: Any = None) -> str | None:
     return BACKEND
 
 
-def keeps_chunked_prefill(vllm_config: Any) -> bool:
-    """True when the fork's backend serves this MLA model: chunked prefill and prefix caching stay on."""
-    return not _upstream_chosen(vllm_config.attention_config.backend)
+def serves(vllm_config: Any) -> bool:
+    """True when the fork's backend serves ``vllm_config``'s model (MLA, and the user did not choose one of
+    :data:`UPSTREAM_CHOICES`): vLLM 0.32.0's rules for its own reference CPU MLA - block size 16, chunked prefill
+    and prefix caching off - do not apply; the block size stays the platform's default (the fork's backend takes
+    any, a Llama-style drafter beside it needs a multiple of 32)."""
+    return bool(getattr(vllm_config.model_config, "use_mla", False)) and not _upstream_chosen(
+        vllm_config.attention_config.backend)
 
 
 def configure(vllm_config: Any) -> None:

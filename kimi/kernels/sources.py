@@ -4,15 +4,25 @@ Upstream's CMake clones CUTLASS, FlashMLA, flash-attention, DeepGEMM, QuTLASS, .
 network unless each is given as a local folder through its ``*_SRC_DIR`` environment variable
 (``CMakeLists.txt``: ``VLLM_CUTLASS_SRC_DIR``; ``cmake/external_projects/*.cmake``: the others).
 :func:`external_sources` reads the laid tree for those variables and the repository and revision
-each would clone, and says which local folders are there, complete (the files upstream's CMake and
-``tools/build_deepgemm_C.py`` read, :data:`REQUIRED`) and at which revision.
+each would clone, and says which local folders are there, complete and at which revision. Every
+fact comes from the laid tree, so the same code serves each release: 0.26.0 has eight sources
+(CUTLASS v4.4.2), 0.32.0 ten (DeepSelect and FlashKDA added; CUTLASS v4.7.1).
+
+Complete means holding what :func:`required_files` lists: the entries of :data:`REQUIRED` that
+every release needs (a submodule's headers, a file tools/build_deepgemm_C.py reads, ...) plus what
+the source's CMake file of the laid tree names itself: the code files it compiles, reads or depends on
+(``${<name>_SOURCE_DIR}/...``, through ``set()`` aliases such as ``FMHA_SM100_PY_ROOT``), the folders it
+installs, and its ``GIT_SUBMODULES`` (DeepGEMM's ``third-party/fmt`` in 0.26.0, ``third-party/deep_jit``
+in 0.32.0), each a folder that must not be empty.
 
 :func:`prepare` fills ``.kimi/sources/<name>`` offline or from the package index:
 
 * CUTLASS from the ``nvidia-cutlass`` wheel: it holds CUTLASS's ``include/``, ``tools/util/include``,
   ``examples/`` and the ``cutlass_library`` Python package (machete's generator imports it from
   ``${CUTLASS_DIR}/python``), but not CUTLASS's top-level ``CMakeLists.txt``, and the index has only
-  4.2.0 where vLLM 0.26.0 pins v4.4.2 (the mismatch is recorded and reported).
+  4.2.0 (vLLM 0.26.0 pins v4.4.2, 0.32.0 v4.7.1). Where the pinned vLLM wheel's MSA copy carries newer
+  CUTLASS headers (4.3.4 in 0.26.0's wheel, 4.8.0 in 0.32.0's), those replace ``include/`` and
+  ``tools/util/include``. The revision against the pin is recorded and reported.
 * fmha_sm100 (MSA), tml-fa4 and triton_kernels from the pinned vLLM CUDA wheel: upstream's CMake
   only copies their Python files and headers into the wheel (``install()`` rules of
   ``fmha_sm100.cmake``, ``tml_fa4.cmake``, ``triton_kernels.cmake``), so the installed files are the
@@ -21,9 +31,11 @@ each would clone, and says which local folders are there, complete (the files up
   unpacked trees or archives (``DIR/<repository name>-<revision>.tar.gz`` / ``.zip``, as a forge's
   archive download names them), and the two wheels above.
 
-FlashMLA, flash-attention, DeepGEMM and QuTLASS compile C++/CUDA sources that no package on the index
-carries; they must come from ``--from DIR`` (with their git submodules: FlashMLA's and
-flash-attention's ``csrc/cutlass``, DeepGEMM's ``third-party/cutlass`` and ``third-party/fmt``).
+FlashMLA, flash-attention, DeepGEMM, QuTLASS and (0.32.0) DeepSelect and FlashKDA compile C++/CUDA
+sources that no package on the index carries (the vLLM wheel holds only their built libraries and, for
+DeepGEMM, its Python files and JIT headers); they must come from ``--from DIR`` with their git
+submodules (FlashMLA's and flash-attention's ``csrc/cutlass``, DeepGEMM's ``third-party/*``,
+DeepSelect's ``csrc/3rdparty/*``, FlashKDA's ``cutlass``).
 
 :func:`fetch_cuobjdump` gets a CUDA 13 ``cuobjdump`` from the ``nvidia-cuda-cuobjdump`` wheel.
 """
@@ -49,9 +61,10 @@ _SET_RE = re.compile(r'set\(\s*([A-Z0-9_]+)\s+"?([^")\s]+)"?\s*\)')
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 PROVENANCE = ".kimi-source.json"  # written by prepare into each folder it fills
 
-# Files and folders each source must hold, relative to its *_SRC_DIR (from vLLM 0.26.0's
-# CMakeLists.txt and cmake/external_projects/*.cmake, tools/build_deepgemm_C.py, and for
-# flash-attention its own CMakeLists.txt; submodules included).
+# Files and folders each source must hold whatever the release, relative to its *_SRC_DIR (submodule
+# headers, include folders, what tools/build_deepgemm_C.py and flash-attention's own CMakeLists.txt
+# read); required_files() adds what the laid tree's CMake file names. A trailing "/": a folder that
+# must not be empty (a submodule that was not checked out is an empty folder).
 REQUIRED: dict[str, tuple[str, ...]] = {
     "VLLM_CUTLASS_SRC_DIR": ("include/cutlass/cutlass.h", "include/cute/tensor.hpp",
                              "tools/util/include/cutlass/util/packed_stride.hpp",
@@ -62,13 +75,19 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "VLLM_FLASH_ATTN_SRC_DIR": ("CMakeLists.txt", "csrc/flash_attn/flash_api.cpp", "hopper/flash_api.cpp",
                                 "csrc/cutlass/include/cutlass/cutlass.h", "vllm_flash_attn", "flash_attn/cute"),
     "DEEPGEMM_SRC_DIR": ("csrc/python_api.cpp", "deep_gemm/__init__.py", "deep_gemm/include",
-                         "third-party/cutlass/include/cutlass/cutlass.h", "third-party/fmt/include"),
+                         "third-party/cutlass/include/cutlass/cutlass.h"),
     "QUTLASS_SRC_DIR": ("qutlass/csrc/bindings.cpp", "qutlass/csrc/gemm.cu"),
     "FMHA_SM100_SRC_DIR": ("python/fmha_sm100/api.py", "python/fmha_sm100/csrc", "python/fmha_sm100/cute",
                            "python/fmha_sm100/cutlass/include", "python/fmha_sm100/cutlass/tools/util/include"),
     "TML_FA4_SRC_DIR": ("flash_attn/cute/interface.py",),
     "TRITON_KERNELS_SRC_DIR": ("__init__.py", "matmul_ogs.py"),  # the triton_kernels package folder itself
+    # 0.32.0 on
+    "DEEPSELECT_SRC_DIR": ("csrc/api.cpp", "csrc/3rdparty/cutlass/include/cutlass/cutlass.h",
+                           "csrc/3rdparty/kerutils/include"),
+    "FLASH_KDA_SRC_DIR": ("csrc/flash_kda.cpp", "cutlass/include/cutlass/cutlass.h", "cutlass/examples/common",
+                          "cutlass/tools/util/include/cutlass/util/packed_stride.hpp"),
 }
+CODE_EXT = (".cu", ".cpp", ".cc", ".c", ".py")  # what a CMake file names as a file, not a folder
 
 # Where inside the upstream repository the *_SRC_DIR folder is (triton_kernels.cmake: the env
 # variable names python/triton_kernels/triton_kernels of the triton repository).
@@ -85,9 +104,9 @@ FROM_VLLM_WHEEL = {
 class ExternalSource:
     """One ``*_SRC_DIR`` variable of upstream's CMake build and the local folder for it.
 
-    ``present``: the folder holds every file of :data:`REQUIRED`; ``missing_files`` lists the
-    absent ones; ``revision``: what the folder is (git HEAD, or the provenance prepare wrote),
-    ``revision_ok`` whether it is the pinned ``tag`` (None: cannot tell).
+    ``present``: the folder holds everything of ``required`` (:func:`required_files`);
+    ``missing_files`` lists the absent ones; ``revision``: what the folder is (git HEAD, or the
+    provenance prepare wrote), ``revision_ok`` whether it is the pinned ``tag`` (None: cannot tell).
     """
 
     variable: str
@@ -100,6 +119,7 @@ class ExternalSource:
     revision: str | None = None
     revision_ok: bool | None = None
     origin: str | None = None
+    required: list[str] = field(default_factory=list)  # required_files() of the laid tree
 
     @property
     def name(self) -> str:
@@ -116,7 +136,8 @@ class ExternalSource:
         sub = f" (its {SUBDIR[self.variable]} folder)" if self.variable in SUBDIR else ""
         index = ""
         if self.variable == "VLLM_CUTLASS_SRC_DIR":
-            index = "; or `kimi kernels prepare --fetch` (nvidia-cutlass 4.2.0 from the package index)"
+            index = ("; or `kimi kernels prepare --fetch` (the package index's nvidia-cutlass, 4.2.0, with the "
+                     "pinned vLLM wheel's newer CUTLASS headers where it has them: not the pinned revision)")
         elif self.variable in FROM_VLLM_WHEEL:
             index = "; or `kimi kernels prepare --fetch` (the pinned vLLM CUDA wheel's copy)"
         return (f"a checkout of {self.repository} at {self.tag}{sub}, with its submodules, at {self.path} "
@@ -142,13 +163,64 @@ def _resolve(text: str, sets: dict[str, str]) -> str:
     return re.sub(r"\$\{([A-Za-z0-9_]+)\}", lambda m: sets.get(m.group(1), m.group(0)), text)
 
 
-def missing_files(variable: str, path: Path) -> list[str]:
-    """The files of :data:`REQUIRED` that ``path`` lacks (all of them when it is not a folder)."""
-    need = REQUIRED.get(variable, ())
+_SOURCE_REF_RE = re.compile(r"\$\{([\w-]+)_SOURCE_DIR\}/([\w./*+-]*)")
+_SUBMODULES_RE = re.compile(r"GIT_SUBMODULES((?:\s+\"?[\w./+-]+\"?)+)")
+_KEYWORD_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")  # GIT_PROGRESS, TRUE, ...: the end of a value list
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"(?m)#.*$", "", text)
+
+
+def tree_required(variable: str, cmake_text: str) -> list[str]:
+    """What the CMake file ``cmake_text`` of ``variable`` names inside the source, relative to it: each code
+    file (:data:`CODE_EXT`) under ``${<name>_SOURCE_DIR}/`` (also through a ``set()`` alias of such a path),
+    each folder it installs (a path ending in ``/``) and each ``GIT_SUBMODULES`` entry (as ``<sub>/``: a
+    folder that must not be empty). ``${CMAKE_SOURCE_DIR}`` paths are vLLM's own; for a variable that
+    names a folder inside its repository (:data:`SUBDIR`), the paths of the clone's layout are left out.
+    """
+    text = _strip_comments(cmake_text)
+    aliases = {k: v for k, v in _SET_RE.findall(text) if re.match(r"\$\{[\w-]+_SOURCE_DIR\}/", v)
+               and not v.startswith("${CMAKE_")}
+    text = re.sub(r"\$\{([A-Za-z0-9_]+)\}", lambda m: aliases.get(m.group(1), m.group(0)), text)
+    found: list[str] = []
+    skip = SUBDIR.get(variable, "\0")
+    for name, rel in _SOURCE_REF_RE.findall(text):
+        if name == "CMAKE" or name.startswith("CMAKE_") or not rel or "*" in rel or ".." in rel.split("/") \
+                or rel.startswith(skip):
+            continue  # vLLM's own files, a glob, or the clone's layout of a SUBDIR source
+        if rel.endswith(CODE_EXT) or rel.endswith("/"):
+            found.append(rel)
+    for group in _SUBMODULES_RE.findall(text):
+        for token in group.split():
+            if _KEYWORD_RE.match(token):
+                break
+            found.append(token.strip('"').rstrip("/") + "/")
+    return list(dict.fromkeys(found))
+
+
+def required_files(variable: str, cmake_text: str = "") -> list[str]:
+    """What a complete folder for ``variable`` holds: :data:`REQUIRED` (every release) and
+    :func:`tree_required` of its CMake file in the laid tree."""
+    need = list(REQUIRED.get(variable, ()))
+    return list(dict.fromkeys(need + tree_required(variable, cmake_text))) if cmake_text else need
+
+
+def _lacks(path: Path, rel: str) -> bool:
+    if rel.endswith("/"):
+        folder = path / rel
+        return not folder.is_dir() or not any(folder.iterdir())
+    return not (path / rel).exists()
+
+
+def missing_files(variable: str, path: Path, need: list[str] | None = None) -> list[str]:
+    """The entries of ``need`` (default :data:`REQUIRED`) that ``path`` lacks, a ``/``-ended one
+    lacking when that folder is absent or empty (all of them when ``path`` is not a folder)."""
+    need = list(REQUIRED.get(variable, ())) if need is None else need
     if not path.is_dir():
         return list(need) or ["(the folder)"]
-    return [rel for rel in need if not (path / rel).exists()] if need else ([] if any(path.iterdir()) else
-                                                                              ["(any file)"])
+    return [rel for rel in need if _lacks(path, rel)] if need else ([] if any(path.iterdir()) else
+                                                                      ["(any file)"])
 
 
 def _git_head(path: Path) -> str | None:
@@ -214,12 +286,14 @@ def external_sources(root: Path, sources_dir: Path | None = None) -> list[Extern
                 continue
             local = Path(os.environ[variable]) if os.environ.get(variable) else sources_dir / source_name(variable)
             tag = tags[0] if tags else "?"
-            missing = missing_files(variable, local)
+            need = required_files(variable, text) if path.parent.name == "external_projects" else \
+                required_files(variable)
+            missing = missing_files(variable, local, need)
             revision, ok, origin = revision_of(local, tag) if local.is_dir() else (None, None, None)
             found[variable] = ExternalSource(
                 variable=variable, cmake_file=str(path.relative_to(root)), repository=repos[0] if repos else "?",
                 tag=tag, path=str(local), present=not missing, missing_files=missing, revision=revision,
-                revision_ok=ok, origin=origin)
+                revision_ok=ok, origin=origin, required=need)
     return list(found.values())
 
 
@@ -235,7 +309,8 @@ def render(sources: list[ExternalSource]) -> str:
             verdict = {True: "the pinned revision", False: "NOT the pinned revision", None: "unchecked"}[s.revision_ok]
             lines.append(f"{'':<35}have: {s.revision} ({s.origin or 'local'}): {verdict}")
         if s.present is False and Path(s.path).exists():
-            lines.append(f"{'':<35}lacks: {', '.join(s.missing_files)}")
+            more = len(s.missing_files) - 8
+            lines.append(f"{'':<35}lacks: {', '.join(s.missing_files[:8])}" + (f" and {more} more" if more > 0 else ""))
     present = [s for s in sources if s.present]
     if present:
         lines.append("\nexport " + " ".join(f"{s.variable}={s.path}" for s in present))
@@ -286,7 +361,7 @@ def cutlass_version(include: Path) -> str | None:
     return ".".join(m.group(1) for m in parts) if all(parts) else None  # type: ignore[union-attr]
 
 
-VLLM_WHEEL_CUTLASS = "vllm/third_party/fmha_sm100/cutlass/"  # CUTLASS 4.3.4 headers in the 0.26.0 wheel
+VLLM_WHEEL_CUTLASS = "vllm/third_party/fmha_sm100/cutlass/"  # CUTLASS 4.3.4 in 0.26.0's wheel, 4.8.0 in 0.32.0's
 
 
 def cutlass_from_wheel(wheel: Path, dest: Path, vllm_wheel: Path | None = None) -> str:
@@ -297,8 +372,9 @@ def cutlass_from_wheel(wheel: Path, dest: Path, vllm_wheel: Path | None = None) 
 
     With ``vllm_wheel`` (the pinned vLLM CUDA wheel) whose MSA copy carries newer CUTLASS headers
     (``vllm/third_party/fmha_sm100/cutlass/include`` and ``tools/util/include``: 4.3.4 in 0.26.0, nearer
-    the pinned v4.4.2 than the index's 4.2.0), those replace ``include/`` and ``tools/util/include``;
-    ``examples/`` and ``cutlass_library`` stay the nvidia-cutlass wheel's (recorded in the provenance).
+    the pinned v4.4.2 than the index's 4.2.0; 4.8.0 in 0.32.0, which pins v4.7.1), those replace
+    ``include/`` and ``tools/util/include``; ``examples/`` and ``cutlass_library`` stay the
+    nvidia-cutlass wheel's (recorded in the provenance).
     Measured: vLLM 0.26.0's ``scaled_mm_blockwise_sm100_fp8.cu`` needs
     ``cutlass::epilogue::BlockwiseNoSmemWarpSpecialized1Sm``, which 4.2.0 lacks and 4.3.4 has.
 

@@ -10,16 +10,29 @@ network, and builds one of three subsets:
 * ``fork``: the fork's own kernels — the EAGLE-3 draft-head library (:mod:`kimi.kernels.build`,
   nvcc alone) plus any upstream CUDA unit the line's patch series changes (none today: then no
   CMake configure runs at all);
-* ``sm100``: the sm_100-only group of ``_C_stable_libtorch`` (``CMakeLists.txt`` of 0.26.0, lists
-  ``SCALED_MM_SM100_SRCS``, ``CUTLASS_MOE_SM100_SRCS``, ``FP4_SM100_SRCS``, ``CUTLASS_MLA_SRCS``:
-  scaled_mm sm100 fp8 and blockwise fp8, grouped MoE sm100, NVFP4/MXFP4, CUTLASS MLA sm100; 13 units),
-  built as Ninja object targets;
+* ``sm100``: the sm_100-only group of ``_C_stable_libtorch``, read from the laid tree's
+  ``CMakeLists.txt`` (lists ``SCALED_MM_SM100_SRCS``, ``CUTLASS_MOE_SM100_SRCS``, ``FP4_SM100_SRCS``,
+  ``CUTLASS_MLA_SRCS``: scaled_mm sm100 fp8 and blockwise fp8, grouped MoE sm100, NVFP4/MXFP4 with the
+  NVFP4 KV-cache kernels, CUTLASS MLA sm100; 13 units in 0.26.0 under ``csrc/libtorch_stable/``, 14 in
+  0.32.0 under ``csrc/``, which adds ``nvfp4_ds_mla_cache_kernels.cu``), built as Ninja object targets;
 * ``all``: everything upstream's CMake builds (``cmake --build``), optionally installed into the tree.
 
 Every source must exist for CMake to configure at all, even for one object. For ``fork`` and
 ``sm100`` a source other than CUTLASS that is missing is replaced by a *configure-only stand-in*
 (``BUILD/standins/<name>``: empty files where the CMake file lists sources, a ``CMakeLists.txt`` with
 empty targets for flash-attention); those units are never built, and ``all`` refuses stand-ins.
+
+Two more configure-only accommodations, each printed as a note and refused by ``all``:
+
+* *compiler waivers*: a ``GCC >= X`` check of ``CMakeLists.txt`` that the host ``c++`` fails and whose
+  message names only external sources (0.32.0: ``GCC >= 13 ... DeepGEMM and DeepSelect ... <format>``)
+  does not concern ``fork``/``sm100``, which compile none of them; configure includes
+  ``BUILD/kimi-waivers.cmake`` (``CMAKE_PROJECT_<project>_INCLUDE``), which turns exactly that
+  ``FATAL_ERROR`` into a warning. A check about vLLM itself (``GCC >= 11.3``) stays a problem.
+* a *toolkit overlay*: where the CUDA toolkit lacks what torch's CMake config links (cuBLAS headers,
+  NVRTC, a ``libcuda.so``; :func:`toolkit_gaps`) and the ``--python`` environment's ``nvidia`` wheels
+  have the headers and libraries, ``BUILD/cuda`` joins both (links, a copy of ``nvcc``, an empty
+  ``libcuda.so`` stub) and is ``CUDA_HOME`` for the build (:func:`make_toolkit_overlay`).
 
 Jobs are sized to memory: a heavy CUTLASS unit takes ~11 GB and ~2 min on 2 cores (measured on the
 project's 2-core, 24 GB machine; DESIGN.md), so ``jobs = max(1, min(cores, available // per_job_gb))``.
@@ -44,10 +57,12 @@ from kimi.kernels import sources as srcs
 
 SUBSETS = ("fork", "sm100", "all")
 PER_JOB_GB = 11.0
-# CMakeLists.txt (0.26.0) lists whose units compile for sm_100 only (the 10.0f/10.0a branches).
+# CMakeLists.txt lists whose units compile for sm_100 only (the 10.0f/10.0a branches; 0.26.0 and 0.32.0).
 SM100_LISTS = ("SCALED_MM_SM100_SRCS", "CUTLASS_MOE_SM100_SRCS", "FP4_SM100_SRCS", "CUTLASS_MLA_SRCS")
 STANDIN_MARK = ".kimi-standin"
-_CODE_EXT = (".cu", ".cpp", ".cc", ".c", ".py")
+WAIVERS_FILE = "kimi-waivers.cmake"
+OVERLAY_DIR = "cuda"
+_CODE_EXT = srcs.CODE_EXT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +210,10 @@ class Toolchain:
     torch_cuda: str | None = None
     python_path: list[str] = field(default_factory=list)
     ccache: str | None = None
+    cxx: str | None = None          # the C++ compiler CMake takes ($CXX, else c++ on PATH)
+    cxx_version: str | None = None
+    cxx_gnu: bool | None = None     # GCC (not clang)
+    toolkit_gaps: list[str] = field(default_factory=list)  # what the CUDA toolkit lacks for torch's CMake
     problems: list[str] = field(default_factory=list)
 
 
@@ -228,6 +247,98 @@ def cmake_minimum(root: Path) -> str:
     return match.group(1) if match else "3.26"
 
 
+@dataclass(frozen=True)
+class CompilerCheck:
+    """A ``GCC >= version`` check of ``CMakeLists.txt`` that stops configure (``message(FATAL_ERROR``)."""
+
+    version: str
+    message: str   # the message's text as written (``${...}`` left in)
+
+    @property
+    def prefix(self) -> str:
+        """The message up to its first ``${``: what the configured message starts with."""
+        return self.message.split("${", 1)[0]
+
+
+_GCC_CHECK_RE = re.compile(
+    r'if\s*\(([^()]*?CMAKE_CXX_COMPILER_ID\s+STREQUAL\s+"GNU"[^()]*?CMAKE_CXX_COMPILER_VERSION\s+'
+    r'VERSION_LESS\s+"?([\d.]+)"?[^()]*)\)\s*message\(\s*FATAL_ERROR\s+((?:"(?:[^"\\]|\\.)*"\s*)+)\)')
+
+
+def compiler_checks(root: Path) -> list[CompilerCheck]:
+    """The GCC version checks of the tree's ``CMakeLists.txt`` (0.26.0: ``>= 11.3``; 0.32.0 adds
+    ``>= 13`` for CUDA, for DeepGEMM's and DeepSelect's host code)."""
+    text = (root / "CMakeLists.txt").read_text(errors="replace")
+    return [CompilerCheck(m.group(2), "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(3))))
+            for m in _GCC_CHECK_RE.finditer(text)]
+
+
+def project_name(root: Path) -> str:
+    """The ``project(NAME`` of the tree's ``CMakeLists.txt`` (``vllm_extensions``)."""
+    match = re.search(r"^\s*project\(\s*([A-Za-z0-9_.-]+)", (root / "CMakeLists.txt").read_text(), re.M)
+    return match.group(1) if match else "vllm_extensions"
+
+
+def waivers_cmake(prefixes: list[str]) -> str:
+    """A CMake file for ``CMAKE_PROJECT_<name>_INCLUDE`` that turns a ``message(FATAL_ERROR`` whose text
+    starts with one of ``prefixes`` into a warning, and passes every other message on unchanged (each
+    argument as given, through bracket arguments)."""
+    items = " ".join(f"[==[{p}]==]" for p in prefixes)
+    return f"""# kimi kernels build-vllm: configure-only compiler waivers (the subset builds none of what they are for)
+include_guard(GLOBAL)
+function(message)
+  if(ARGC GREATER 1 AND "${{ARGV0}}" STREQUAL "FATAL_ERROR")
+    set(_kimi_text "")
+    math(EXPR _kimi_last "${{ARGC}} - 1")
+    foreach(_kimi_i RANGE 1 ${{_kimi_last}})
+      string(APPEND _kimi_text "${{ARGV${{_kimi_i}}}}")
+    endforeach()
+    foreach(_kimi_prefix IN ITEMS {items})
+      string(FIND "${{_kimi_text}}" "${{_kimi_prefix}}" _kimi_at)
+      if(_kimi_at EQUAL 0)
+        _message(WARNING "kimi kernels build-vllm waived this check (its sources are not built here): ${{_kimi_text}}")
+        return()
+      endif()
+    endforeach()
+  endif()
+  set(_kimi_call "_message(")
+  if(ARGC GREATER 0)
+    math(EXPR _kimi_last "${{ARGC}} - 1")
+    foreach(_kimi_i RANGE 0 ${{_kimi_last}})
+      string(APPEND _kimi_call " [==[${{ARGV${{_kimi_i}}}}]==]")
+    endforeach()
+  endif()
+  string(APPEND _kimi_call ")")
+  cmake_language(EVAL CODE "${{_kimi_call}}")
+endfunction()
+"""
+
+
+def pinned_torch(root: Path, line: str | None = None) -> str | None:
+    """The torch version the line's ``pin.json`` pins (``2.13.0`` for the 0.32.0 mainline), or None."""
+    from kimi.fork.layout import DEFAULT_LINE
+
+    try:
+        return json.loads((root / "kimi" / "lines" / (line or DEFAULT_LINE) / "pin.json").read_text()).get("torch")
+    except (OSError, ValueError):
+        return None
+
+
+def _cxx_compiler() -> tuple[str | None, str | None, bool | None]:
+    """(path, version, is GCC) of the C++ compiler CMake would take: ``$CXX``, else ``c++`` on PATH."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        return None, None, None
+    try:
+        banner = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+        version = subprocess.run([cxx, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return cxx, None, None
+    gnu = "clang" not in banner.lower() and bool(re.search(r"g\+\+|gcc|Free Software Foundation", banner))
+    return cxx, version or None, gnu
+
+
 def default_python(root: Path) -> str:
     """``ROOT/.venv/bin/python`` (the fork's environment, which has the pinned torch) or this interpreter."""
     venv = root / ".venv" / "bin" / "python"
@@ -246,22 +357,88 @@ def cuda_home(nvcc: Path) -> Path | None:
     return None
 
 
-def toolkit_gaps(home: Path) -> list[str]:
+LIBCUDA_GAP = "a libcuda.so (stub)"
+
+
+def toolkit_gaps(home: Path, providers: list[Path] | tuple[Path, ...] = ()) -> list[str]:
     """What torch's CMake config (``Caffe2/public/cuda.cmake``: CUDA::cublas, CUDA::nvrtc,
     CUDA::cuda_driver) needs from the CUDA toolkit at ``home`` and does not find there: ``cublas_v2.h``,
-    ``libnvrtc.so``, a ``libcuda.so`` (the toolkit's stub, or a driver's in the system library folders)."""
+    ``libnvrtc.so``, a ``libcuda.so`` (the toolkit's stub, or a driver's in the system library folders).
+    ``providers`` (:func:`overlay_providers`) count as part of the toolkit for the first two."""
     libs = [home / d for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
     def has(pattern: str, dirs: list[Path]) -> bool:
         return any(d.is_dir() and any(d.glob(pattern)) for d in dirs)
     gaps = []
-    if not (home / "include" / "cublas_v2.h").is_file():
+    if not any((d / "include" / "cublas_v2.h").is_file() for d in (home, *providers)):
         gaps.append("include/cublas_v2.h")
-    if not has("libnvrtc.so*", libs):
+    if not has("libnvrtc.so*", libs + [d / "lib" for d in providers]):
         gaps.append("libnvrtc.so")
     system = [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib")]
     if not has("libcuda.so", [d / "stubs" for d in libs] + libs + system):
-        gaps.append("a libcuda.so (stub)")
+        gaps.append(LIBCUDA_GAP)
     return gaps
+
+
+def overlay_providers(python_path: list[str]) -> list[Path]:
+    """The CUDA wheels' folders of an environment (``site-packages/nvidia/<name>`` with ``include/`` or
+    ``lib/``: ``nvidia/cu13`` for CUDA 13's cuBLAS, NVRTC, ...), from its ``sys.path``."""
+    found: list[Path] = []
+    for entry in python_path:
+        nvidia = Path(entry) / "nvidia"
+        if entry and nvidia.is_dir():
+            found += sorted(d for d in nvidia.iterdir() if (d / "include").is_dir() or (d / "lib").is_dir())
+    return list(dict.fromkeys(found))
+
+
+def make_toolkit_overlay(home: Path, providers: list[Path], dest: Path) -> None:
+    """A CUDA toolkit folder at ``dest`` that is ``home`` plus the ``providers``' headers and libraries:
+    links to every entry of ``home`` and of its ``include/`` and ``lib/`` (``lib64`` a link to it, and
+    ``targets/<arch>/include|lib`` to these), then to the providers' (``home`` wins a name), unversioned
+    ``libX.so`` links where only ``libX.so.N`` is there, an empty ``lib/stubs/libcuda.so`` (CMake only
+    has to find it: the subsets link nothing), and a copy of ``nvcc`` (it finds its toolkit from where
+    its binary is, ``nvcc.profile``: ``$(_HERE_)/..``).
+    Raises KimiError when it cannot be written."""
+    from kimi.fork.fsutil import staged_folder
+
+    libs = [home / n for n in ("lib", "lib64") if (home / n).is_dir()]
+    ours = {(home / "include").resolve(): "include", **{d.resolve(): "lib" for d in libs}}
+    with staged_folder(dest) as staged:
+        for entry in sorted(home.iterdir()):
+            if entry.name not in ("bin", "include", "lib", "lib64", "targets"):
+                (staged / entry.name).symlink_to(entry.resolve())
+        for arch in sorted((home / "targets").iterdir()) if (home / "targets").is_dir() else []:
+            (staged / "targets" / arch.name).mkdir(parents=True)
+            for entry in sorted(arch.iterdir()):  # targets/x86_64-linux/include -> ../../include: to the merged one
+                mine = ours.get(entry.resolve())
+                (staged / "targets" / arch.name / entry.name).symlink_to(f"../../{mine}" if mine else entry.resolve())
+        (staged / "bin").mkdir()
+        for entry in sorted((home / "bin").iterdir()):
+            if entry.name == "nvcc":
+                shutil.copy2(entry.resolve(), staged / "bin" / "nvcc")
+            else:
+                (staged / "bin" / entry.name).symlink_to(entry.resolve())
+        for sub, mine in (("include", [home / "include"]), ("lib", libs)):
+            folder = staged / sub
+            folder.mkdir()
+            for source in mine + [d / sub for d in providers]:
+                for entry in sorted(source.iterdir()) if source.is_dir() else []:
+                    if not (folder / entry.name).exists() and not (folder / entry.name).is_symlink():
+                        (folder / entry.name).symlink_to(entry.resolve())
+        if (home / "lib64").is_dir():
+            (staged / "lib64").symlink_to("lib")
+        lib = staged / "lib"
+        for entry in sorted(lib.iterdir()):
+            match = re.fullmatch(r"(lib[\w+-]+\.so)\.\d+", entry.name)
+            if match and not (lib / match.group(1)).exists():
+                (lib / match.group(1)).symlink_to(entry.resolve())
+        stubs = lib / "stubs"
+        if stubs.is_symlink():
+            stubs.unlink()
+        stubs.mkdir(exist_ok=True)
+        if not (stubs / "libcuda.so").exists():
+            (stubs / "libcuda.so").write_bytes(b"")
+        (staged / STANDIN_MARK).write_text(f"CUDA toolkit overlay (kimi kernels build-vllm): {home} + "
+                                           + ", ".join(map(str, providers)) + "\n")
 
 
 def find_toolchain(root: Path, python: str | None = None) -> Toolchain:
@@ -269,7 +446,10 @@ def find_toolchain(root: Path, python: str | None = None) -> Toolchain:
     the tree's ``cmake_minimum_required``), ninja, nvcc (:func:`kimi.kernels.build.find_nvcc`), the
     Python whose torch CMake uses (``python``, default :func:`default_python`) and ccache, with a
     problem line naming the fix for each one missing."""
-    tc = Toolchain(python=python or default_python(root))
+    if python and os.sep not in python:
+        python = shutil.which(python) or python
+    # absolute (links kept: a venv's python is one), as CMake and its generators run it from the build folder
+    tc = Toolchain(python=os.path.abspath(python) if python else default_python(root))
     need = cmake_minimum(root)
     for cmake in _candidates("cmake", tc.python):
         version = _version(cmake)
@@ -292,10 +472,8 @@ def find_toolchain(root: Path, python: str | None = None) -> Toolchain:
         tc.nvcc, tc.cuda_home = str(nvcc), str(home) if home else None
         if not home:
             tc.problems.append(f"no CUDA toolkit folder (include/cuda_runtime_api.h) for {nvcc}: set CUDA_HOME")
-        elif gaps := toolkit_gaps(home):
-            tc.problems.append(f"the CUDA toolkit at {home} lacks {', '.join(gaps)}, which torch's CMake config "
-                               "links: install the full toolkit (cuBLAS, NVRTC, stubs) or point CUDA_HOME at a folder "
-                               "that adds them (the nvidia-cublas / nvidia-cuda-nvrtc wheels' files)")
+        else:
+            tc.toolkit_gaps = toolkit_gaps(home)  # make_plan: an overlay, or a problem
         release = fork_build.tool_release(nvcc)
         tc.cuda_release = f"{release[0]}.{release[1]}" if release else None
     else:
@@ -311,9 +489,12 @@ def find_toolchain(root: Path, python: str | None = None) -> Toolchain:
         if tc.torch is None:
             tc.problems.append(f"no torch in {tc.python}: `python3 -m kimi setup`, or pass --python")
         elif tc.torch_cuda is None:
+            pin = pinned_torch(root) or "<the pinned version>"
             tc.problems.append(f"torch {tc.torch} in {tc.python} is a CPU build: CMake needs torch's CUDA build "
-                               "(the package index's torch==2.11.0 is built for CUDA 13)")
+                               f"(the package index's torch=={pin} is built for CUDA 13: a separate venv with it, "
+                               "cmake and ninja, then --python)")
     tc.ccache = shutil.which("ccache") or shutil.which("sccache")
+    tc.cxx, tc.cxx_version, tc.cxx_gnu = _cxx_compiler()
     return tc
 
 
@@ -344,9 +525,61 @@ class Plan:
     warnings: list[str]
     problems: list[str]
     toolchain: dict
+    waivers: list[str] = field(default_factory=list)  # FATAL_ERROR prefixes kimi-waivers.cmake makes warnings
+    overlay: dict | None = None  # the CUDA toolkit overlay: {"path", "home", "providers"}
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _compiler_waivers(root: Path, subset: str, tc: Toolchain, found: list, cmake_args: list[str],
+                      problems: list[str], warnings: list[str]) -> list[str]:
+    """The GCC checks of the tree that the host compiler fails: a problem each, except, for a subset other
+    than ``all``, a check whose message names only external sources (none of which the subset compiles),
+    which is waived (a note). Returns the waived messages' prefixes. Nothing when the compiler is not GCC,
+    unknown, or chosen with ``-DCMAKE_CXX_COMPILER``."""
+    if not tc.cxx_gnu or not tc.cxx_version or any(a.startswith("-DCMAKE_CXX_COMPILER") for a in cmake_args):
+        return []
+    names = sorted({s.repo_name for s in found if s.repo_name})
+    waived = []
+    for check in compiler_checks(root):
+        if _vtuple(tc.cxx_version) >= _vtuple(check.version):
+            continue
+        named = [n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", check.message, re.I)]
+        line = (f"the host C++ compiler {tc.cxx} is GCC {tc.cxx_version}, and CMakeLists.txt stops for GCC < "
+                f"{check.version}: \"{check.prefix.strip()}\"")
+        if subset != "all" and named:
+            waived.append(check.prefix)
+            warnings.append(f"{line}, for {', '.join(named)}, which the {subset} subset does not compile: waived "
+                            f"(configure includes {WAIVERS_FILE}, which turns that FATAL_ERROR into a warning); "
+                            f"--subset all needs GCC >= {check.version}")
+        else:
+            problems.append(f"{line}: install GCC >= {check.version} and set CXX and CC (or --cmake-arg "
+                            "-DCMAKE_CXX_COMPILER=...)")
+    return waived
+
+
+def _toolkit_overlay(subset: str, tc: Toolchain, build_dir: Path, problems: list[str],
+                     warnings: list[str]) -> dict | None:
+    """Where the CUDA toolkit lacks what torch's CMake config links (``tc.toolkit_gaps``): for a subset
+    other than ``all`` (which links, so needs a real toolkit) an overlay of the toolkit and the
+    ``--python`` environment's CUDA wheels when they fill the gaps (a note), else a problem naming the fix."""
+    if not tc.toolkit_gaps or not tc.cuda_home:
+        return None
+    home = Path(tc.cuda_home)
+    providers = overlay_providers(tc.python_path)
+    left = [g for g in toolkit_gaps(home, providers) if g != LIBCUDA_GAP]
+    if providers and not left and subset != "all":  # all links the libraries: no empty stub there
+        path = build_dir / OVERLAY_DIR
+        warnings.append(f"the CUDA toolkit at {home} lacks {', '.join(tc.toolkit_gaps)}, which torch's CMake config "
+                        f"links: CUDA_HOME is {path}, an overlay of it and {', '.join(map(str, providers))} "
+                        "(an empty libcuda.so stub: nothing is linked)")
+        return {"path": str(path), "home": str(home), "providers": [str(d) for d in providers]}
+    problems.append(f"the CUDA toolkit at {home} lacks {', '.join(left or tc.toolkit_gaps)}, which torch's CMake "
+                    "config links: install the full toolkit (cuBLAS, NVRTC, stubs) or point CUDA_HOME at a folder "
+                    "that adds them, or use a --python whose environment has the nvidia-cublas / nvidia-cuda-nvrtc "
+                    "wheels (torch's CUDA build brings them), which build-vllm then overlays")
+    return None
 
 
 def default_build_dir(root: Path, subset: str) -> Path:
@@ -417,6 +650,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
     needs_cmake = subset == "all" or bool(units)
 
     found = srcs.external_sources(root, sources_dir)
+    waivers: list[str] = []
+    overlay: dict | None = None
     standins: list[str] = []
     env: dict[str, str] = {}
     cmake_defs: list[str] = []
@@ -432,7 +667,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
                 path = str(build_dir / "standins" / s.name)
                 standins.append(s.variable)
             else:
-                lacks = f" incomplete (lacks {', '.join(s.missing_files)})" if Path(s.path).exists() else ""
+                more = f" and {len(s.missing_files) - 6} more" if len(s.missing_files) > 6 else ""
+                lacks = f" incomplete (lacks {', '.join(s.missing_files[:6])}{more})" if Path(s.path).exists() else ""
                 problems.append(f"{s.variable}{lacks}: {s.how_to_provide()}")
                 path = s.path
             env[s.variable] = path
@@ -445,11 +681,20 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
                        f"-DCUTLASS_TOOLS_UTIL_INCLUDE_DIR={cutlass}/tools/util/include"]
         if standins:
             warnings.append("configure-only stand-ins (never compiled) for: " + ", ".join(standins))
+        extra = cmake_args if cmake_args is not None else os.environ.get("CMAKE_ARGS", "").split()
+        waivers = _compiler_waivers(root, subset, tc, found, extra, problems, warnings)
+        if waivers:
+            cmake_defs.append(f"-DCMAKE_PROJECT_{project_name(root)}_INCLUDE={build_dir / WAIVERS_FILE}")
+        overlay = _toolkit_overlay(subset, tc, build_dir, problems, warnings)
     env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
-    if tc.cuda_home:
+    nvcc = tc.nvcc
+    if overlay:
+        env["CUDA_HOME"] = overlay["path"]
+        nvcc = str(Path(overlay["path"]) / "bin" / "nvcc")
+    elif tc.cuda_home:
         env["CUDA_HOME"] = tc.cuda_home
-    if tc.nvcc:  # CMakeLists.txt: find_program(NVCC_EXECUTABLE nvcc)
-        env["PATH"] = f"{Path(tc.nvcc).parent}:$PATH"
+    if nvcc:  # CMakeLists.txt: find_program(NVCC_EXECUTABLE nvcc)
+        env["PATH"] = f"{Path(nvcc).parent}:$PATH"
     env["NINJA_STATUS"] = "[%f/%t %es] "
 
     configure = build = inst = None
@@ -466,8 +711,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
             configure.append(f"-DVLLM_PYTHON_PATH={':'.join(python_path)}")
         if tc.ninja:
             configure.append(f"-DCMAKE_MAKE_PROGRAM={tc.ninja}")
-        if tc.nvcc:
-            configure.append(f"-DCMAKE_CUDA_COMPILER={tc.nvcc}")
+        if nvcc:
+            configure.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
         if tc.ccache:
             configure += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={tc.ccache}" for lang in ("C", "CXX", "CUDA")]
         configure += cmake_defs
@@ -490,7 +735,8 @@ def make_plan(root: Path, subset: str = "sm100", archs: tuple[str, ...] = fork_b
                 env=env, configure=configure, build=build, install=inst, units=[asdict(u) | {"object": u.object}
                                                                                   for u in units],
                 fork_library=subset in ("fork", "all"), sources=[s.as_dict() for s in found] if needs_cmake else [],
-                standins=standins, warnings=warnings, problems=problems, toolchain=asdict(tc))
+                standins=standins, warnings=warnings, problems=problems, toolchain=asdict(tc), waivers=waivers,
+                overlay=overlay)
 
 
 _WITH_VALUE = ("-S", "-B", "-G", "-j", "--build", "--install", "--prefix")
@@ -525,7 +771,8 @@ def render_plan(plan: Plan) -> str:
     tc = plan.toolchain
     if plan.configure:
         lines.append(f"tools: cmake {tc.get('cmake_version')} ({tc.get('cmake')}), ninja {tc.get('ninja')}, "
-                     f"nvcc {tc.get('cuda_release')} ({tc.get('nvcc')}), python {tc.get('python')} "
+                     f"nvcc {tc.get('cuda_release')} ({tc.get('nvcc')}), "
+                     f"c++ {tc.get('cxx_version')} ({tc.get('cxx')}), python {tc.get('python')} "
                      f"(torch {tc.get('torch')}, CUDA {tc.get('torch_cuda')})")
     if plan.fork_library:
         lines.append(f"the fork's draft-head library: kimi kernels build --arch '{';'.join(plan.archs)}' "
@@ -638,6 +885,11 @@ def run(plan: Plan, *, configure_only: bool = False) -> BuildRecord:
         for source in plan.sources:
             if source["variable"] in plan.standins:
                 make_standin(Path(plan.source_dir), source, Path(plan.env[source["variable"]]))
+        if plan.waivers:
+            (build_dir / WAIVERS_FILE).write_text(waivers_cmake(plan.waivers))
+        if plan.overlay:
+            make_toolkit_overlay(Path(plan.overlay["home"]), [Path(d) for d in plan.overlay["providers"]],
+                                 Path(plan.overlay["path"]))
         with open(record.log, "a") as log:
             start = time.monotonic()
             print(f"configure: {len(plan.configure)} arguments, log {record.log}", flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,13 +110,24 @@ def _v2_speculator(monkeypatch: pytest.MonkeyPatch, drafter: torch.nn.Module):
     monkeypatch.setattr(vllm.distributed, "get_tensor_model_parallel_world_size", lambda: 1)
     monkeypatch.setattr(EagleSpeculator, "load_draft_model", lambda self, target, names: drafter)
     speculator = object.__new__(EagleSpeculator)
-    speculator.use_local_argmax_reduction, speculator.vllm_config = False, None
+    speculator.use_local_argmax_reduction = False
+    # what 0.32.0's load_model reads after the hook (the multimodal check, adaptive verification)
+    speculator.vllm_config = SimpleNamespace(model_config=SimpleNamespace(supports_multimodal_inputs=False))
+    speculator.use_acceptance_estimator, speculator.acceptance_estimator = False, None
     speculator.load_model(torch.nn.Module())
     return speculator
 
 
+def _greedy_draft(speculator, hidden: torch.Tensor) -> torch.Tensor:
+    """The V2 speculator's greedy draft step: ``sample_draft`` with no draft logits kept (0.32.0), or
+    ``_greedy_sample_draft`` (0.26.0)."""
+    if hasattr(speculator, "_greedy_sample_draft"):
+        return speculator._greedy_sample_draft(hidden)
+    return speculator.sample_draft(hidden, None, None, None, None, None, draft_logits=None)
+
+
 def test_v2_runner_speculator_takes_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The V2 runner's greedy draft step (``_greedy_sample_draft``, captured in its CUDA graphs) uses the hook and
+    """The V2 runner's greedy draft step (``sample_draft``, captured in its CUDA graphs) uses the hook and
     gives upstream's ids; without the patch ``load_model`` sets no ``draft_greedy`` and the scatter runs."""
     monkeypatch.setenv("KIMI_DRAFT_GREEDY", "torch")
     drafter = _Drafter()
@@ -124,7 +136,7 @@ def test_v2_runner_speculator_takes_the_hook(monkeypatch: pytest.MonkeyPatch) ->
     calls = []
     monkeypatch.setattr(drafter, "compute_logits", lambda h: calls.append(h) or _Drafter.compute_logits(drafter, h))
     hidden = torch.randn(33, 16, generator=torch.Generator().manual_seed(2))
-    ids = speculator._greedy_sample_draft(hidden)
+    ids = _greedy_draft(speculator, hidden)
     assert calls == []  # no [T, target_vocab] logits
     assert torch.equal(ids, _Drafter.compute_logits(drafter, hidden).argmax(-1))
 
