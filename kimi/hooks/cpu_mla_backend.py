@@ -7,8 +7,8 @@ verification - takes one paged latent-attention path.
 ``CpuPlatform`` calls :func:`attention_backend` for MLA layers and asks :func:`serves` before it applies the
 rules of vLLM 0.32.0's own reference CPU MLA backend (``vllm/v1/attention/backends/mla/cpu_mla.py``: decode
 through ``mla_decode_kvcache``, SDPA prefill; block size 16, chunked prefill and prefix caching off). Upstream's
-AMX MLA backend stays reachable with ``--attention-backend AMX_MLA``.  The v0.26 line (upstream raises "MLA is not supported on CPU") also calls
-:func:`configure`.
+AMX MLA backend stays reachable with ``--attention-backend AMX_MLA``. The v0.26 line (upstream raises "MLA is
+not supported on CPU") also calls :func:`configure`.
 """
 
 from __future__ import annotations
