@@ -38,6 +38,7 @@ from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import load_pin
 from kimi.fork.sync import sync
 from kimi.hooks.precompiled_fork_build import kernels_mode
+from kimi.log import say
 
 PYTEST_NO_TESTS = 5
 
@@ -48,7 +49,8 @@ _REPORT_VERSION = "import vllm, vllm.platforms as p; print(vllm.__version__, p.c
 
 
 def _step(msg: str) -> float:
-    print(f"kimi: {msg}", file=sys.stderr, flush=True)
+    """Say ``msg`` (``kimi: ...``) and return the time, for the step's duration."""
+    say(msg)
     return time.monotonic()
 
 

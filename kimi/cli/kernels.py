@@ -44,9 +44,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "and revision it would clone, and report which local folders are complete ($VAR, else "
                     ".kimi/sources/<name>) and at which revision. --from DIR (offline) takes git checkouts "
                     "(DIR/<repository name>, linked), source archives (DIR/<repository name>-<revision>.tar.gz or "
-                    ".zip) and the wheels below from DIR; --fetch gets what the package index has: CUTLASS from "
-                    "the nvidia-cutlass wheel (4.2.0; vLLM 0.26.0 pins v4.4.2, reported), fmha_sm100, tml-fa4 and "
-                    "triton_kernels from the pinned vLLM CUDA wheel (sha256 checked), a CUDA 13 cuobjdump. Exit "
+                    ".zip) and the wheels below from DIR; --fetch gets what the package index has: CUTLASS headers "
+                    "from the pinned vLLM CUDA wheel's copy and examples from the nvidia-cutlass wheel (neither the "
+                    "pinned revision: reported), fmha_sm100, tml-fa4 and triton_kernels from the pinned vLLM CUDA "
+                    "wheel (sha256 checked), a CUDA 13 cuobjdump. Exit "
                     "status 1 while a source is missing.")
     p.add_argument("--fetch", action="store_true", help="download what the package index has")
     add_from(p, "folder with checkouts, source archives and wheels (no network)")
