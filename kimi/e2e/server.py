@@ -64,10 +64,9 @@ def serve_args(engine: dict) -> list[str]:
 
 
 def vllm_command() -> list[str]:
-    """How to run this Python's vLLM CLI: the ``vllm`` script beside the interpreter, else
-    ``python -m vllm.entrypoints.cli.main`` (a vLLM on ``PYTHONPATH`` has no script)."""
-    vllm = Path(sys.executable).with_name("vllm")
-    return [str(vllm)] if vllm.is_file() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    """How to run the vLLM CLI this Python imports: ``python -m vllm.entrypoints.cli.main`` (what the ``vllm``
+    script runs), so that a vLLM on ``PYTHONPATH`` (an install-into'd site) wins over a venv's own."""
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
 def free_port() -> int:
