@@ -46,6 +46,7 @@ from kimi.bench.hardware import cpu_name
 from kimi.fork.checkout import fresh_copy
 from kimi.fork.fsutil import write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
+from kimi.fork.probe import pytest_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -83,7 +84,7 @@ def _pytest_counts(output: str) -> dict:
     """pytest's closing counts (``3 passed, 1 failed``), the failed test ids and each failure's last error
     lines (``E ...``, at most 6 per test)."""
     closing = output.strip().splitlines()[-1] if output.strip() else ""
-    counts = {key: int(n) for n, key in re.findall(r"(\d+) (passed|failed|skipped|error)", closing)}
+    counts: dict = pytest_counts(closing)
     counts["failed_tests"] = sorted(set(re.findall(r"^FAILED (\S+)", output, re.M)))
     sections = re.split(r"^_{3,} (test_\w+) _{3,}$", output, flags=re.M)
     counts["errors"] = {name: [line[1:].strip() for line in body.splitlines() if line.startswith("E ")][-6:]

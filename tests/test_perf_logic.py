@@ -446,3 +446,17 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
     assert [len(r["by_concurrency"]["2"]["tok_s_rounds"]) for r in runs.values()] == [2, 2]
     assert "round 2, last" in run.stdout
+
+
+def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
+    from kimi.bench.perf.analysis import goal, round_ratios
+
+    got = round_ratios({"tok_s_rounds": [110.0, 90.0, 105.0]}, {"tok_s_rounds": [100.0, 100.0, 100.0]})
+    assert got == {"fork_vs_upstream_rounds": [1.1, 0.9, 1.05], "fork_vs_upstream_median": 1.05,
+                   "fork_vs_upstream_spread": [0.9, 1.1]}
+    assert round_ratios({"tok_s_rounds": [1.0]}, {}) == {}
+    row = {"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.1, **got}
+    assert goal([row])["pair_k3_median_min"] == 1.05 and goal([row])["pair_k3_round_min"] == 0.9
+    assert goal([row])["pair_k3_median_met"] is False  # one round below 0.98
+    row.update(fork_vs_upstream_spread=[0.99, 1.1])
+    assert goal([row])["pair_k3_median_met"] is True

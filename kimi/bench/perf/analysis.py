@@ -5,6 +5,7 @@ issue G's goal, a call's summary, and the results of several calls joined."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from kimi.bench.hardware import describe
@@ -30,11 +31,8 @@ def round_ratios(fork_c: dict, up_c: dict) -> dict:
     ratios = [round(f / u, 4) for f, u in pairs if f and u]
     if not ratios:
         return {}
-    ordered = sorted(ratios)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return {"fork_vs_upstream_rounds": ratios, "fork_vs_upstream_median": round(median, 4),
-            "fork_vs_upstream_spread": [ordered[0], ordered[-1]]}
+    return {"fork_vs_upstream_rounds": ratios, "fork_vs_upstream_median": round(statistics.median(ratios), 4),
+            "fork_vs_upstream_spread": [min(ratios), max(ratios)]}
 
 
 def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
