@@ -85,6 +85,7 @@ from kimi.bench.perf.render import write_outputs
 from kimi.bench.results import stamp
 from kimi.bench.workers import serve_jobs
 from kimi.errors import KimiError
+from kimi.models import SHIPPED_PAIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,8 +95,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--upstream-site", type=Path, help="folder holding upstream vLLM's pristine `vllm` package")
     p.add_argument("--fork-site", type=Path, help="folder holding the fork's `vllm` (install-into'd site)")
-    p.add_argument("--pair", type=Path, default=ROOT / ".kimi" / "models" / "trained",
-                   help="the trained reference pair (target/, drafter/)")
+    p.add_argument("--pair", type=Path, default=SHIPPED_PAIR,
+                   help="the trained reference pair (target/, drafter/; default: the shipped models/pair)")
     p.add_argument("--models", nargs="+", default=["pair", "kimi_slice"], choices=["pair", "kimi_slice"])
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     p.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))

@@ -1,11 +1,10 @@
 """``kimi demo``: the README's main command, the fork's main job end to end on the project's own models.
 
 1. ``kimi setup`` (skipped when the venv already holds this tree);
-2. the models: by default the trained reference pair (``.kimi/models/trained``: a stdlib-trained
-   DeepSeek-V3-architecture target and its EAGLE-3 drafter) through ``kimi models train-pair``, which trains
-   it, progress shown, when it is missing or was made with another recipe (minutes on a CPU); with
-   ``--models reference`` the random-weight reference models (``kimi models make`` into
-   ``.kimi/models/reference`` when missing);
+2. the models: by default the shipped reference pair (``models/pair``: a stdlib-trained
+   DeepSeek-V3-architecture target and its EAGLE-3 drafter, tracked in the repository, checked against its
+   MANIFEST's sha256s; nothing is trained); with ``--models reference`` the random-weight reference models
+   (``kimi models make`` into ``.kimi/models/reference`` when missing);
 3. ``vllm serve <target> --speculative-config '{"method": "eagle3", ...}'`` (log under ``.kimi/logs/``);
 4. greedy completion requests (OpenAI API) with real code prompts: held-out standard-library code the
    tokenizer and the models never saw; each prompt is printed with its completion, then the spec-decode
@@ -31,6 +30,8 @@ from kimi.errors import KimiError
 from kimi.fork.layout import Layout
 from kimi.hooks.precompiled_fork_build import kernels_mode
 from kimi.log import sayer
+from kimi.models import SHIPPED_PAIR
+from kimi.models.shipped import check_pair
 
 #: CPU-friendly serving settings: a 1 GiB KV cache (the CPU backend would otherwise reserve most of the
 #: host's memory), a short context.
@@ -52,7 +53,7 @@ class DemoModels:
     folder: Path
     target: Path
     drafter: Path
-    make: list[str]  # `python -m kimi ...` arguments that make ``folder``
+    make: list[str] | None  # `python -m kimi ...` arguments that make ``folder``; None: shipped, checked instead
     about: str
 
 
@@ -66,9 +67,8 @@ def demo_models(layout: Layout, models: str, drafter: str | None) -> DemoModels:
         if drafter not in (None, "llama"):
             raise KimiError(f"the trained pair has a Llama-style drafter only; --drafter {drafter} is for "
                             "--models reference")
-        folder = layout.private / "models" / "trained"
-        return DemoModels(folder, folder / "target", folder / "drafter", ["models", "train-pair", str(folder)],
-                          "the trained reference pair (stdlib-trained target and its EAGLE-3 drafter)")
+        return DemoModels(SHIPPED_PAIR, SHIPPED_PAIR / "target", SHIPPED_PAIR / "drafter", None,
+                          "the shipped reference pair (stdlib-trained target and its EAGLE-3 drafter)")
     if models == "reference":
         folder = layout.private / "models" / "reference"
         return DemoModels(folder, folder / "target", folder / f"drafter-{drafter or 'mla'}",
@@ -110,12 +110,13 @@ def demo(layout: Layout, line: str, venv: Path | None = None, kernels: str = "au
             request); the message names the step and the log to read.
     """
     chosen = demo_models(layout, models, drafter)
+    if chosen.make is None:  # checked before the set-up's minutes
+        manifest = check_pair(chosen.folder)
+        say(f"serving {chosen.about} from {chosen.folder} (files match its MANIFEST.json; target held-out loss "
+            f"{manifest.get('target_heldout_loss', '?')} nats/token)")
     python = ensure_env(layout, line, venv, kernels, from_dir)
-    if models == "trained" or not (chosen.folder / "MANIFEST.json").is_file():
-        # train-pair keeps a complete pair made with the current recipe (seconds) and trains one otherwise
-        say(f"the trained reference pair in {chosen.folder}: `kimi models train-pair` (trains it when missing or "
-            "made with another recipe: about 5 minutes on 2 CPU cores, progress below)" if models == "trained"
-            else f"making the reference models in {chosen.folder}")
+    if chosen.make is not None and not (chosen.folder / "MANIFEST.json").is_file():
+        say(f"making the reference models in {chosen.folder}")
         made = subprocess.run([str(python), "-m", "kimi", *chosen.make], cwd=layout.root)
         if made.returncode != 0:
             raise KimiError(f"`kimi {' '.join(chosen.make)}` failed (exit {made.returncode}); its output is above")

@@ -259,6 +259,49 @@ def pack(out: Path, chunk_mib: float, adds: list[tuple[str, Path]], payloads: li
     return manifest
 
 
+def rechunk(kit: Path, chunk_mib: float) -> dict:
+    """Cut the kit's stream in ``kit`` again into chunks of ``chunk_mib`` MiB (the working tree grew, say), in place;
+    returns the new manifest. The stream, so the kit id and ``total_sha256``, stays the same; it is checked
+    against the manifest before any old chunk is replaced, and the new chunks are written beside the old ones
+    and swapped in only once all are there.
+
+    Raises:
+        KitError: a chunk is missing or the stream's sha256 is not the manifest's.
+    """
+    man = load_manifest(kit / MANIFEST)
+    chunk_size = int(chunk_mib * MiB)
+    if chunk_size < 1:
+        raise KitError("chunk size must be positive")
+    staging = kit / ".rechunk"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    writer = ChunkWriter(staging, chunk_size, 6)
+    for chunk in man["chunks"]:
+        path = kit / chunk["name"]
+        if not path.is_file():
+            shutil.rmtree(staging)
+            raise KitError(f"{path} is missing: rebuild the kit with bash benchmarks/gpu_kit.sh")
+        with open(path, "rb") as f:
+            while block := f.read(BLOCK):
+                writer.write(block)
+    writer.close()
+    if writer.total.hexdigest() != man["total_sha256"] or writer.total_size != man["total_size"]:
+        shutil.rmtree(staging)
+        raise KitError(f"the chunks in {kit} do not make the stream its manifest names: rebuild the kit")
+    (kit / MANIFEST).unlink()  # no manifest while old and new chunks are swapped: never a mixed kit
+    for old in kit.glob("chunk*"):
+        old.unlink()
+    for chunk, name in zip(writer.chunks, chunk_names(len(writer.chunks)), strict=True):
+        (staging / chunk["name"]).rename(kit / name)
+        chunk["name"] = name
+    staging.rmdir()
+    man.update(chunk_size=chunk_size, chunk_mib=f"{chunk_mib:g}", chunks=writer.chunks)
+    tmp = kit / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(man, indent=1) + "\n")
+    tmp.replace(kit / MANIFEST)
+    return man
+
+
 class _BytesReader:
     def __init__(self, data: bytes) -> None:
         self.data, self.pos = data, 0
@@ -690,8 +733,8 @@ def calls(kit: Path, root: Path, command: str, last_command: str | None, only: l
     biggest = max(c["size"] for c in chunks) + (kit / MANIFEST).stat().st_size
     if tree + biggest > CALL_LIMIT_MIB * MiB:
         print(f"# WARNING: a chunk, its manifest and the working tree make {fmt_mib(tree + biggest)}, over a call's "
-              f"{CALL_LIMIT_MIB} MiB: rebuild with KIMI_KIT_CHUNK_MIB={default_chunk_mib(tree)} "
-              "bash benchmarks/gpu_kit.sh (the cached downloads make that quick), or carry less")
+              f"{CALL_LIMIT_MIB} MiB: cut it again with `python3 kimi/gpukit.py rechunk --kit {kit}` (same stream "
+              "and kit id, chunks sized for this tree), or carry less")
     print(f"# {len(out)} device calls, back to back (an idle machine is given back after ~30 s and loses /tmp);")
     print("# each stash call takes a few seconds; the last one installs (~1 min) and then runs its command.")
     print("# If a reply says MACHINE RESTARTED or NOTHING STASHED, start again with the chunks it names.")
@@ -739,6 +782,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--add", action="append", help="ARCNAME=PATH (a file or folder)")
     p.add_argument("--payload", action="append", help="REL=PATH: a folder unpacked at REL in the repo on the host")
     p.add_argument("--meta", action="append", help="KEY=VALUE, kept in the manifest and kit.json")
+    p = sub.add_parser("rechunk", help="cut the kit's stream again into chunks that fit this working tree")
+    p.add_argument("--kit", type=Path, required=True)
+    p.add_argument("--root", type=Path, default=Path("."))
+    p.add_argument("--chunk-mib", type=float, help="default: the largest that fits (chunk-mib)")
     p = sub.add_parser("stash", help="(host) verify and stash the carried chunks; say what is missing")
     p.add_argument("--kit", type=Path, required=True)
     p.add_argument("--stash", type=Path, required=True)
@@ -806,6 +853,9 @@ def _run(a: argparse.Namespace) -> int:
         sizes = ", ".join(f"{c['name']} {fmt_mib(c['size'])}" for c in man["chunks"])
         print(f"kit {man['kit_id']}: {len(man['chunks'])} chunks, {fmt_mib(man['total_size'])} "
               f"(sha256 {man['total_sha256']}) in {a.out} [{man['pack_s']} s]\n  {sizes}")
+    elif a.cmd == "rechunk":
+        man = rechunk(a.kit, a.chunk_mib or default_chunk_mib(tree_bytes(a.root)))
+        print(f"kit {man['kit_id']}: {len(man['chunks'])} chunks of {fmt_mib(man['chunk_size'])} in {a.kit}")
     elif a.cmd == "stash":
         return stash(a.kit, a.stash, a.site, a.report)
     elif a.cmd == "unpack":

@@ -217,11 +217,10 @@ def fork(tmp_path: Path) -> Fork:
 
 @pytest.fixture(scope="session")
 def trained_pair() -> Path:
-    """The trained reference pair in ``ROOT/.kimi/models/trained``: the folder ``kimi demo`` serves and the tests
-    of the pair read, made once per session by ``kimi models train-pair`` (which keeps a complete pair of the
-    current recipe and trains one otherwise: about 5 minutes on 2 idle cores, printing nothing here)."""
-    models = ROOT / ".kimi" / "models" / "trained"
-    made = subprocess.run([sys.executable, "-m", "kimi", "models", "train-pair", str(models)], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=3000)
-    assert made.returncode == 0, made.stderr[-3000:]
-    return models
+    """The shipped reference pair (``ROOT/models/pair``), checked against its MANIFEST's sha256s: the folder
+    ``kimi demo`` serves and the tests of the pair read. Nothing is trained."""
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.shipped import check_pair
+
+    check_pair(SHIPPED_PAIR)
+    return SHIPPED_PAIR

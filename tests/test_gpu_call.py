@@ -172,6 +172,22 @@ def test_pack_writes_one_stream_cut_into_chunks_with_a_manifest(tmp_path: Path) 
         gpukit.pack(kit, 1, [("wheels", tmp_path / "src" / "wheels")], [], {})
 
 
+def test_rechunk_cuts_the_same_stream_again_and_refuses_a_broken_kit(tmp_path: Path) -> None:
+    kit = _fake_kit(tmp_path)
+    before = json.loads((kit / gpukit.MANIFEST).read_text())
+    stream = b"".join((kit / c["name"]).read_bytes() for c in before["chunks"])
+    after = gpukit.rechunk(kit, 3 * 4096 / gpukit.MiB)
+    assert after["kit_id"] == before["kit_id"] and after["chunk_size"] == 3 * 4096
+    assert len(after["chunks"]) == -(-len(stream) // (3 * 4096)) < len(before["chunks"])
+    assert sorted(p.name for p in kit.glob("chunk*")) == _names(kit) and not (kit / ".rechunk").exists()
+    assert b"".join((kit / c["name"]).read_bytes() for c in after["chunks"]) == stream
+    assert all(hashlib.sha256((kit / c["name"]).read_bytes()).hexdigest() == c["sha256"] for c in after["chunks"])
+    (kit / "chunk01").write_bytes(b"x" * 10)  # a damaged chunk: nothing is replaced
+    with pytest.raises(gpukit.KitError, match="do not make the stream"):
+        gpukit.rechunk(kit, 4096 / gpukit.MiB)
+    assert json.loads((kit / gpukit.MANIFEST).read_text())["chunks"] == after["chunks"]
+
+
 def test_default_chunk_leaves_room_for_the_working_tree() -> None:
     assert gpukit.default_chunk_mib(int(2.7 * gpukit.MiB)) == 57
     assert gpukit.default_chunk_mib(0) == 60

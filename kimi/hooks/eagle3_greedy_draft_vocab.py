@@ -18,7 +18,7 @@ used and the hook's are compared with them at every draft step (:class:`GreedyCh
 
 On by default since the H200 checks of 2026-11-30 (trained pair, bf16, CUDA graphs, k = 3, 64 requests): 39882
 draft rows compared, 0 mismatched (``benchmarks/results/logs/perf-run1``); later 228366 more on the pair and
-46080 on the Kimi slice, 0 mismatched (``benchmarks/results/perf_vs_upstream.md``). An earlier H200 run
+46080 on the Kimi slice, 0 mismatched (``benchmarks/results/logs/pair-0.26.0/perf_vs_upstream.md``). An earlier H200 run
 (``benchmarks/results/gpu_e2e-draft-greedy-*.md``) had seen EAGLE-3 output with the hook differ from the
 output without speculation in 5 of 32 sequences where the baseline's top-2 logit margin was 0.0 to 0.09; the
 same perf run shows upstream's own EAGLE-3 at 55 of 64 sequences equal to no speculation (bf16 batch

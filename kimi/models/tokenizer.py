@@ -51,6 +51,29 @@ def stdlib_corpus(max_bytes: int = MAX_CORPUS_BYTES) -> Corpus:
     return Corpus(files=chosen, digest=digest.hexdigest(), python=f"{sys.version_info[0]}.{sys.version_info[1]}")
 
 
+def site_corpus(max_bytes: int, seed: int = 0) -> Corpus:
+    """``*.py`` files of this Python's installed packages (``purelib``/``platlib``), in a seeded shuffle of the
+    sorted list, up to ``max_bytes``: more code than the stdlib holds, for a target that must not memorise its
+    corpus. Test folders and any path through a held-out package name (``HELD_OUT``) are left out, so the
+    benchmark prompts stay unseen; the digest names the files chosen (it differs between machines' packages).
+    """
+    import random
+
+    roots = sorted({Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")})
+    files = sorted({p for root in roots if root.is_dir() for p in root.rglob("*.py")
+                    if not {"test", "tests", *HELD_OUT} & set(p.relative_to(root).parts[:-1])})
+    random.Random(seed).shuffle(files)
+    chosen, total, digest = [], 0, hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        if total + size > max_bytes:
+            continue
+        chosen.append(path)
+        total += size
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return Corpus(files=chosen, digest=digest.hexdigest(), python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+
+
 def held_out_files() -> list[Path]:
     """Stdlib source files never trained on (prompts for acceptance and speed measurements)."""
     root = Path(sysconfig.get_paths()["stdlib"])

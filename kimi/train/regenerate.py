@@ -28,14 +28,35 @@ class RegenerateOptions:
     temperature: float = 0.0
     seed: int = 0
     batch: int = 64
+    #: More prompts, after those, from the ``.py`` files of this importable package (code the target did not
+    #: train on, as a team's own traffic is): a drafter trained only on the target's answers to its training
+    #: corpus learns a target that is quoting, not the one users meet.
+    package: str | None = None
+    package_prompts: int = 0
 
 
-def corpus_prompts(count: int, chars: int, seed: int) -> list[str]:
-    """``count`` snippets of whole lines (about ``chars`` characters) from the stdlib training files."""
+def package_files(name: str) -> list[Path]:
+    """The ``.py`` files of the importable package ``name``, sorted, without its tests.
+
+    Raises:
+        KimiError: ``name`` is not importable here or is a single module.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise KimiError(f"no package {name!r} to take prompts from in this Python")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return sorted(p for p in root.rglob("*.py") if "tests" not in p.relative_to(root).parts)
+
+
+def corpus_prompts(count: int, chars: int, seed: int, files: list[Path] | None = None) -> list[str]:
+    """``count`` snippets of whole lines (about ``chars`` characters) from ``files`` (default: the stdlib
+    training files), chosen with ``random.Random(seed)``."""
     from kimi.models.tokenizer import stdlib_corpus
 
     rng = random.Random(seed)
-    files = stdlib_corpus().files
+    files = files or stdlib_corpus().files
     prompts: list[str] = []
     while len(prompts) < count:
         lines = rng.choice(files).read_text(errors="replace").splitlines(keepends=True)
@@ -70,6 +91,8 @@ def regenerate(work: Path, target: str, opts: RegenerateOptions, prompts_file: P
     out = work / "samples.jsonl"
     prompts = file_prompts(prompts_file) if prompts_file else corpus_prompts(opts.num_prompts, opts.prompt_chars,
                                                                              opts.seed)
+    if opts.package and opts.package_prompts and not prompts_file:
+        prompts += corpus_prompts(opts.package_prompts, opts.prompt_chars, opts.seed, package_files(opts.package))
     done = read_samples(out)
     out.write_text("".join(json.dumps(s, separators=(",", ":")) + "\n" for s in done))  # drop a torn line
     todo = list(range(len(done), len(prompts)))

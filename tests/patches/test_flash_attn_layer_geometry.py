@@ -7,7 +7,7 @@ shapes as its 4 heads of 64; upstream's builder takes the MLA target's 4 query h
 its latent plus RoPE width). vLLM's V1 drafter skips that scheduler, the V2 model runner does not: on the H200 it
 crashed capturing the Kimi slice's drafter ("scheduler_metadata must have shape (metadata_size)") and its tau
 fell once requests shared a batch (benchmarks/results/logs/perf-run2/perf_vs_upstream.md); with the patch
-neither happens (benchmarks/results/perf_vs_upstream.md). One subprocess (CPU, vLLM
+neither happens (benchmarks/results/logs/pair-0.26.0/perf_vs_upstream.md). One subprocess (CPU, vLLM
 in-process) serves the reference target with its Llama-style drafter, then builds a FlashAttention metadata
 builder for the drafter's attention layers and their KV cache spec, as the V2 runner's speculator does on a
 GPU, and reads its shapes.

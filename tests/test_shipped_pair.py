@@ -1,0 +1,69 @@
+"""The shipped reference pair (``models/pair``, issue O): whole, small, long-context, and refused when changed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kimi.errors import KimiError
+from kimi.models import SHIPPED_PAIR
+from kimi.models.shipped import check_pair, pair_digests
+
+#: What every device call carries with the tracked tree (issue O: "at most ~12 MB"); the shipped pair is 12.23 MiB
+#: (target 10.25 MiB, drafter 1.72 MiB, tokenizer and configs), so a device call keeps 51 MiB for the kit's chunks.
+MAX_PAIR_MIB = 12.5
+
+
+def test_the_shipped_pair_matches_its_manifest_and_stays_small() -> None:
+    manifest = check_pair(SHIPPED_PAIR)
+    size = sum((SHIPPED_PAIR / name).stat().st_size for name in manifest["files"])
+    assert size / 2**20 <= MAX_PAIR_MIB, f"{size / 2**20:.2f} MiB"
+    assert {"target/model.safetensors", "target/tokenizer.json", "drafter/model.safetensors"} <= set(manifest["files"])
+    target = json.loads((SHIPPED_PAIR / "target" / "config.json").read_text())
+    drafter = json.loads((SHIPPED_PAIR / "drafter" / "config.json").read_text())
+    assert target["architectures"] == ["DeepseekV3ForCausalLM"] and target["max_position_embeddings"] >= 8192
+    assert drafter["max_position_embeddings"] >= 8192
+    made = json.loads((SHIPPED_PAIR / "target" / "MANIFEST.json").read_text())
+    assert made["made_on"]["device"].startswith("NVIDIA") and made["heldout_loss"] > 0  # the H200 recipe's run
+
+
+def _copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "pair"
+    shutil.copytree(SHIPPED_PAIR, dest, ignore=shutil.ignore_patterns("work"))
+    return dest
+
+
+def test_a_changed_missing_or_extra_file_is_named(tmp_path: Path) -> None:
+    pair = _copy(tmp_path)
+    config = pair / "drafter" / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 1', '"num_hidden_layers": 2'))
+    with pytest.raises(KimiError, match=r"changed: drafter/config.json.*git checkout"):
+        check_pair(pair)
+    shutil.rmtree(pair)
+    pair = _copy(tmp_path)
+    (pair / "target" / "tokenizer.json").unlink()
+    (pair / "drafter" / "notes.txt").write_text("mine\n")
+    with pytest.raises(KimiError, match=r"target/tokenizer.json.*not in the manifest: drafter/notes.txt"):
+        check_pair(pair)
+    with pytest.raises(KimiError, match="not a reference pair"):
+        check_pair(tmp_path)
+
+
+def test_digests_cover_target_and_drafter_only(tmp_path: Path) -> None:
+    pair = _copy(tmp_path)
+    (pair / "work").mkdir()
+    (pair / "work" / "samples.jsonl").write_text("{}\n")
+    assert set(pair_digests(pair)) == set(json.loads((SHIPPED_PAIR / "MANIFEST.json").read_text())["files"])
+
+
+def test_a_target_trained_otherwise_is_not_taken_for_the_recipes(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # kimi.train imports it
+    from kimi.train.pair import train_pair
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "MANIFEST.json").write_text(json.dumps({"training": {"steps": 1}}))
+    with pytest.raises(KimiError, match="trained with other settings"):
+        train_pair(tmp_path)
