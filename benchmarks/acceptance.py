@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from kimi.bench.acceptance import chart, device_name, folder_mb, gates, load_pair, markdown
-from kimi.bench.quality import distinct_n, loop_share
+from kimi.bench.quality import MIN_TAIL, distinct_n, loop_share
 from kimi.bench.results import stamp, utc_now, write_json
 from kimi.drafter.conventions import IDS_FIELD
 from kimi.e2e.engine import tokenize
@@ -69,6 +69,8 @@ def main() -> int:
     if args.render:
         render(json.loads(args.render.read_text()), args.render.parent)
         return 0
+    if args.tokens < 2 * MIN_TAIL:
+        parser.error(f"--tokens must be at least {2 * MIN_TAIL}: shorter completions are never judged loops")
     started = time.monotonic()
     try:
         manifest = load_pair(args.models)
@@ -81,6 +83,7 @@ def main() -> int:
     sizes = {"target_mb": round(folder_mb(target), 2), "drafter_mb": round(folder_mb(drafter), 2)}
     print(f"acceptance: pair {args.models}: target {sizes['target_mb']:.1f} MB, drafter {sizes['drafter_mb']:.1f} MB",
           flush=True)
+    target_manifest = json.loads(made.read_text()) if (made := target / "MANIFEST.json").is_file() else {}
     ids = json.loads((drafter / "config.json").read_text())[IDS_FIELD]
     layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
     shifted = shifted_ids(ids, layers)
@@ -96,7 +99,6 @@ def main() -> int:
         moved = with_ids(drafter, shifted, Path(tmp) / "drafter")
         theirs = served_acceptance(str(target), str(moved), prompt_ids, args.k, args.tokens, engine)
     print(f"acceptance: ids {shifted}: tau {theirs['tau']:.3f}", flush=True)
-    target_manifest = json.loads((target / "MANIFEST.json").read_text())
     quality = {"loop_share": loop_share(ours["tokens"]), "distinct_2": distinct_n(ours["tokens"], 2),
                "heldout_loss": target_manifest.get("heldout_loss"), "train_loss": target_manifest.get("train_loss"),
                "completions": decode(target, ours["tokens"][:4])}

@@ -18,8 +18,8 @@
 #     pins on host packages of unknown version are listed in OUT_DIR/host-pins.txt and checked on the host
 #     when the kit is installed (logs/check-reqs.log);
 #   - each --payload DIR (or KIMI_KIT_PAYLOADS, space-separated), e.g. a model pair folder: unpacked on the
-#     host under /tmp/kitpayload and linked at the same path in the repository (.kimi/models/trained stays
-#     .kimi/models/trained).
+#     host under /tmp/kitpayload and linked at the same path in the repository (.kimi/models/x stays
+#     .kimi/models/x; the shipped pair models/pair needs none: it is tracked).
 # Chunks are sized so that one chunk + the working tree (git ls-files, measured now) + 4 MiB stay under a
 # call's 64 MiB (at most 60 MiB): 57 MiB with today's ~2.7 MiB tree. Downloads are cached in .kimi/cache
 # (wheels/, pip/, and gpu-kit/base-VERSION-KEY/ for build_kit.sh's output, KEY from the shared scripts),

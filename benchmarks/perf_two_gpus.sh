@@ -3,7 +3,7 @@
 #
 #   R=$OUT bash benchmarks/gpu_call.sh bash benchmarks/perf_two_gpus.sh [ARGS...]
 #
-# (after the three kit calls; carry .kimi/models/trained/{target,drafter,MANIFEST.json}). ARGS go to every
+# (after the kit's calls; the shipped pair models/pair travels with the tree). ARGS go to every
 # benchmarks/perf_vs_upstream.py run (e.g. --rounds 4). Three runs:
 #   * the trained pair on GPU 0, pinned to the first half of the CPUs, engines started together and measured
 #     in interleaved rounds (--parallel-start);

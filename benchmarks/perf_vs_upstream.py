@@ -1,10 +1,9 @@
 """Fork versus upstream vLLM side by side on one GPU, with EAGLE-3 and without speculation (issue G).
 
-One GPU call (``benchmarks/gpu_call.sh`` installs upstream 0.26.0, keeps a pristine copy of its ``vllm`` package
-and puts the fork on the installed one)::
+One GPU call (``benchmarks/gpu_call.sh`` installs the pinned upstream release, keeps a pristine copy of its
+``vllm`` package and puts the fork on the installed one; the shipped pair ``models/pair`` travels with the tree)::
 
-    python3 benchmarks/perf_vs_upstream.py --upstream-site /tmp/upstream --fork-site /tmp/site \\
-        --pair .kimi/models/trained --out $OUT
+    python3 benchmarks/perf_vs_upstream.py --upstream-site /tmp/upstream --fork-site /tmp/site --out $OUT
 
 For each model, engines run one at a time, each in its own process with its own ``PYTHONPATH``:
 

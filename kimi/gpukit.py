@@ -387,7 +387,8 @@ def stash(kit: Path, stash_root: Path, site: Path | None = None, report: Path | 
             print(f"removed the stash of another kit ({other.name})")
     box = stash_root / kid
     box.mkdir(exist_ok=True)
-    had = [c for c in chunks if (box / c["name"]).is_file()]
+    # by name and size: a warm host may still hold chunks of the same stream cut otherwise (``rechunk``)
+    had = [c for c in chunks if (box / c["name"]).is_file() and (box / c["name"]).stat().st_size == c["size"]]
     carried = [c for c in chunks if (kit / c["name"]).is_file()]
     known = {c["name"] for c in chunks}
     strays = sorted(p.name for p in kit.glob("chunk*") if p.name not in known and not p.name.endswith(".part"))

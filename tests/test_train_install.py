@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi.drafter.conventions import default_ids
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.install
 
@@ -44,12 +46,13 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path):
     assert made.returncode == 0, made.stderr[-3000:]
     manifest = json.loads((pair / "MANIFEST.json").read_text())
     drafter = json.loads((pair / "drafter" / "config.json").read_text())
-    assert drafter["eagle_aux_hidden_state_layer_ids"] == manifest["aux_layer_ids"] == [2, 4, 5]
+    # no ids in the tiny recipe: vLLM's default for the 6-layer target, (2, 3, 3), repeats one, so distinct ones
+    assert drafter["eagle_aux_hidden_state_layer_ids"] == manifest["aux_layer_ids"] == list(default_ids(6)) == [1, 3, 5]
     assert drafter["eagle_aux_hidden_state_layer_ids_convention"] == "layer_input"
     assert manifest["served"]["counters"]["num_drafts"] > 0 and len(manifest["served"]["per_position"]) == 3
     work = pair / "work"
     index = json.loads((work / "capture" / "index.json").read_text())
-    assert index["sequences"] == 12 and index["aux_layer_ids"] == [2, 4, 5]
+    assert index["sequences"] == 12 and index["aux_layer_ids"] == [1, 3, 5]
     assert (work / "report" / "report.md").is_file() and (work / "report" / "curves.csv").is_file()
     inspected = _kimi("drafter", "inspect", str(pair / "drafter"), "--target", str(pair / "target"), "--json")
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr

@@ -18,7 +18,7 @@ from kimi.fork.layout import Layout
 COMMAND_MODULES = (fork, env, upstream, drafter, models, kernels, train, docs)
 
 EPILOG = """first steps on a fresh clone:
-  python3 -m kimi demo       set up, train the reference pair, vllm serve it with EAGLE-3, show acceptance
+  python3 -m kimi demo       set up, vllm serve the shipped reference pair with EAGLE-3, show acceptance
   python3 -m kimi test       the test suite (sets up first if needed)
   python3 -m kimi setup      only lay vLLM, install the fork into .venv, smoke-run `vllm`
 
@@ -31,7 +31,7 @@ the fork's own CUDA kernels (nvcc; sm_90a Hopper, sm_100a Blackwell):
 
 drafter training (each stage resumable; kimi train STAGE --help):
   kimi train regenerate|capture|vocab|train|export|report --work DIR --target TARGET
-  kimi models train-pair     the trained reference pair in .kimi/models/trained
+  kimi models train-pair     train a reference pair's drafter (models/pair is the shipped one)
 
 onto an installed vLLM (GPU hosts):
   kimi install-into SITE_PACKAGES [--check | --uninstall]

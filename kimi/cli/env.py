@@ -18,11 +18,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_from(p)
     p.set_defaults(func=cmd_setup)
 
-    p = sub.add_parser("demo", help="set up, train the reference pair, serve it with EAGLE-3, ask, show acceptance",
+    p = sub.add_parser("demo", help="set up, serve the shipped reference pair with EAGLE-3, ask, show acceptance",
                        description="The README's main command, on a machine without a GPU too: kimi setup; the "
-                                   "trained reference pair (kimi models train-pair, when missing: minutes on a CPU, "
-                                   "once); `vllm serve` of its DeepSeek-V3-architecture target with its EAGLE-3 "
-                                   "drafter; completion requests with held-out real code; the mean acceptance "
+                                   "shipped reference pair (models/pair, checked against its MANIFEST.json, never "
+                                   "trained here); `vllm serve` of its DeepSeek-V3-architecture target with its "
+                                   "EAGLE-3 drafter; completion requests with held-out real code; the mean acceptance "
                                    "length and per-position acceptance from /metrics; then the server is stopped. "
                                    "--models reference serves the random-weight reference models instead.")
     add_env(p)

@@ -7,10 +7,11 @@ the stdlib without its tests and without the held-out packages used for prompts)
 DeepSeek-V3 checkpoint layout (experts unfused: ``mlp.experts.J.gate_proj``), bf16, with the tokenizer
 and a ``MANIFEST.json`` (spec, steps, loss, seconds, corpus digest, file digests).
 
-Deterministic: the tokenizer is trained on the same sorted files, the weights start from
-``torch.manual_seed(seed)`` and the training windows come from ``torch.Generator(seed)``; one thread
-count and one torch build give the same files. It is small enough to train on 2 CPU cores in a few
-minutes; its greedy code is repetitive, which is what a drafter can learn.
+Seeded: the tokenizer is trained on the same sorted files, the weights start from ``torch.manual_seed(seed)``
+and the training windows come from ``torch.Generator(seed)``; with a step budget (the CPU recipe) one thread count
+and one torch build give the same files, while a time budget (``max_seconds``, the H200 recipe) stops after as
+many steps as the device manages, recorded in the manifest. The shipped target is ``--recipe h200``
+(:data:`H200_TRAINING`); the CPU recipe trains a weak one in minutes.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ GPU_MLA_PREFILL_HEAD_DIMS = frozenset({(128, 64, 128), (192, 64, 256), (64, 64, 
 #: Dimensions of the trained target (the shipped pair's, ``models/pair/target``): 6 layers 192 wide, 2 MLA heads
 #: with Kimi's latent geometry (vLLM's MLA decode backends take only kv_lora_rank + qk_rope_head_dim = 576; the
 #: prefill head dims (64, 64, 128) are in :data:`GPU_MLA_PREFILL_HEAD_DIMS`), 8 routed experts of 48 plus the
-#: shared one, first layer dense, 8192 positions. 5.4 M parameters: 10.2 MiB in bf16, so the pair stays under
-#: 12 MiB with its drafter (the tracked tree travels with every device call).
+#: shared one, first layer dense, 8192 positions. 5.4 M parameters: 10.25 MiB in bf16; with its drafter the pair is
+#: 12.2 MiB (the tracked tree travels with every device call).
 TRAINED_SPEC = replace(ReferenceSpec(), hidden=192, layers=6, heads=2, q_lora_rank=64, qk_nope_head_dim=64,
                        v_head_dim=128, intermediate=384, moe_intermediate=48, experts=8, experts_per_token=2,
                        groups=2, topk_groups=1, max_positions=8192)
@@ -79,10 +80,11 @@ class TargetTraining:
 
 #: The shipped target's recipe: one H200 (bf16 autocast), 390 s of training on the whole stdlib corpus (2.9 M tokens
 #: of the host's Python 3.12). It memorises that corpus (5483 steps, ~124 epochs: corpus loss 0.84, held-out 4.13)
-#: and writes varied, plausible stdlib-style code. The same recipe with ``site_bytes=150_000_000`` (``--site-mb
-#: 150``: 58 M tokens, 5.4 epochs in 360 s) generalises far better (held-out loss 2.33) but its greedy code loops
-#: (6 of 8 held-out prompts ended repeating one n-gram; distinct-2 0.28 against 0.68): a drafter would be measured
-#: on trivial loops, which is what this pair must not do (logs: benchmarks/results/logs/pair-target-h200/).
+#: and writes varied, plausible stdlib-style code. This recipe with ``site_bytes=150_000_000`` (``--site-mb 150``)
+#: and a 360 s budget (58 M tokens, 5.4 epochs) generalises far better (held-out loss 2.32) but its greedy code
+#: loops (6 of 8 held-out prompts ended repeating one n-gram; distinct-2 0.28 against 0.68 for the shipped one): a
+#: drafter would be measured on trivial loops, which is what this pair must not do
+#: (benchmarks/results/logs/pair-target-h200/README.md).
 H200_TRAINING = TargetTraining(steps=12000, batch=64, seq_len=1024, lr=2e-3, warmup=300, weight_decay=0.1,
                                threads=8, device="cuda", max_seconds=390.0, long_share=0.08,
                                corpus_bytes=40_000_000)
@@ -247,9 +249,9 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
     """Train the target and write ``out`` (config, bf16 safetensors, tokenizer, MANIFEST.json) atomically.
 
     Returns:
-        The manifest: spec, training settings, per-step loss, what the run did (steps, tokens, seconds), the
-        loss on the training corpus and on the held-out packages (``heldout_loss``, nats per token), corpus
-        identity, file digests, torch/transformers versions and the device.
+        The manifest: spec, training settings, the loss of every n-th step (about 500 kept), what the run did
+        (steps, tokens, seconds), the loss on the training corpus and on the held-out packages (``heldout_loss``,
+        nats per token), corpus identity, file digests, torch/transformers versions and the device.
 
     Raises:
         KimiError: ``out`` exists (without ``force``) or is not an earlier output; ``cfg.device`` is
@@ -264,7 +266,8 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
 
     check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),))
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise KimiError("this recipe trains on CUDA and torch sees no GPU here; use --recipe cpu")
+        raise KimiError("this recipe trains on CUDA and torch sees no GPU here: run `kimi models train-target "
+                        "--recipe h200` on a CUDA host, or `--recipe cpu` for a weak target trained here")
     torch.set_num_threads(cfg.threads)
     corpus = stdlib_corpus(cfg.corpus_bytes)
     say(f"training the tokenizer on {len(corpus.files)} stdlib files, {corpus.nbytes / 1e6:.1f} MB "

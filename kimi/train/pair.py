@@ -1,14 +1,16 @@
 """The trained reference pair: ``kimi models train-pair`` (default ``.kimi/models/trained``).
 
-1. ``target/``: :func:`kimi.models.trained.train_target` (the stdlib-trained DeepSeek-V3-architecture LM);
-2. ``work/``: the ``kimi train`` stages on it - regenerate (greedy answers to stdlib training-corpus
-   snippets), capture (at :data:`PAIR_AUX_IDS`), vocab, train, report;
+1. ``target/``: :func:`kimi.models.trained.train_target` (the stdlib-trained DeepSeek-V3-architecture LM; for the
+   shipped pair trained on an H200 and put there first, since its recipe needs CUDA);
+2. ``work/``: the ``kimi train`` stages on it - regenerate (greedy answers to stdlib training-corpus snippets and
+   to snippets of an installed package's code), capture (at :data:`PAIR_AUX_IDS`), vocab, train, report;
 3. ``drafter/``: the exported EAGLE-3 drafter;
 4. ``MANIFEST.json``: settings, timings, the last training metrics and the served acceptance on held-out
    prompts (k = 3, greedy). Written last: its presence means the pair is complete.
 
-Every stage that is already done is skipped, so an interrupted run picks up where it stopped. Same seeds,
-same Python minor version (the stdlib corpus), same torch and thread count give the same pair.
+Every stage that is already done is skipped, so an interrupted run picks up where it stopped. Given the same
+target, the same seeds, Python minor version (the stdlib corpus), package version (transformers' source), torch
+and thread count give the same drafter.
 """
 
 from __future__ import annotations
@@ -71,9 +73,17 @@ def recipe_json(recipe: PairRecipe) -> dict:
     return json.loads(json.dumps(asdict(recipe)))
 
 
+def with_target_defaults(training: dict | None) -> dict:
+    """A target's recorded ``training`` settings with the fields added to :class:`TargetTraining` since it was made
+    taking their defaults (so an older target is still the recipe's); ``{"steps": None}`` for none recorded."""
+    return {**json.loads(json.dumps(asdict(TargetTraining()))), **(training or {"steps": None})}
+
+
 def recipe_changes(manifest: dict, recipe: PairRecipe) -> list[str]:
     """The fields of ``recipe`` (``target``, ``train``, ...) that a pair's manifest records otherwise; [] if none."""
-    made = manifest.get("recipe") or {}
+    made = dict(manifest.get("recipe") or {})
+    if "target" in made:
+        made["target"] = with_target_defaults(made["target"])
     return sorted(k for k, v in recipe_json(recipe).items() if made.get(k) != v)
 
 
@@ -103,9 +113,7 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
     target, work, drafter = out / "target", out / "work", out / "drafter"
     if not (target / "MANIFEST.json").is_file():
         train_target(target, cfg=recipe.target, force=True)
-    # fields added to TargetTraining later take their defaults: a target made before them is still the recipe's
-    made = {**json.loads(json.dumps(asdict(TargetTraining()))), **(read_json(target / "MANIFEST.json").get("training")
-                                                                    or {"steps": None})}
+    made = with_target_defaults(read_json(target / "MANIFEST.json").get("training"))
     if made != recipe_json(recipe)["target"]:
         raise KimiError(f"{target} was trained with other settings than this recipe's target ({made} vs "
                         f"{recipe_json(recipe)['target']}); remove {target} or pass --force to train it again")

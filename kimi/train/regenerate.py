@@ -56,7 +56,9 @@ def corpus_prompts(count: int, chars: int, seed: int, files: list[Path] | None =
     from kimi.models.tokenizer import stdlib_corpus
 
     rng = random.Random(seed)
-    files = files or stdlib_corpus().files
+    files = stdlib_corpus().files if files is None else files
+    if not files:
+        raise KimiError("no files to take prompts from")
     prompts: list[str] = []
     while len(prompts) < count:
         lines = rng.choice(files).read_text(errors="replace").splitlines(keepends=True)
