@@ -47,7 +47,11 @@ def main() -> int:
     target = str(args.models / "target")
     prompt_ids = tokenize(target, prompts)
     logs = args.out / "logs"
-    result = {**stamp(sys.argv[0], sys.argv[1:], python="python"), "cpu": cpu_name(), "dtype": CPU_ENGINE["dtype"]}
+    import torch
+    import vllm
+
+    result = {**stamp(sys.argv[0], sys.argv[1:], python="python"), "cpu": cpu_name(), "dtype": CPU_ENGINE["dtype"],
+              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": sys.version.split()[0]}}
     result["hf_parity"] = run_parity(target, prompt_ids, args.tokens)
     result["lossless"], result["spec_counters"] = run_lossless(args.models, prompt_ids, args.tokens)
     result["serve"] = run_serve(args.models, prompts, logs)

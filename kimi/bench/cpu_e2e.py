@@ -111,7 +111,9 @@ def write_results(out: Path, result: dict) -> None:
     """Write ``cpu_e2e.json`` and ``cpu_e2e.md`` to ``out`` (atomically) and print the table."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "cpu_e2e.json", result)
-    lines = [*header("CPU end to end (issue B)", result["command"], result["date"]), f"- CPU: {result['cpu']}", "",
+    v = result.get("versions")
+    lines = [*header("CPU end to end (issue B)", result["command"], result["date"]), f"- CPU: {result['cpu']}",
+             *([f"- versions: vLLM {v['vllm']}, torch {v['torch']}, Python {v['python']}"] if v else []), "",
              "| check | result |", "|---|---|",
              (f"| HF parity ({result['dtype']}) | {result['hf_parity']['matching']}/{result['hf_parity']['total']} "
               f"prompts, max logit diff {result['hf_parity']['max_logit_diff']:.2e} |")]
@@ -124,4 +126,4 @@ def write_results(out: Path, result: dict) -> None:
                  f"bad input {serve['bad_input']} |")
     lines.append(f"| wrong drafter | {result['wrong_drafter']} |")
     write_lines(out / "cpu_e2e.md", lines)
-    print("\n".join(lines[6:]))
+    print("\n".join(lines[lines.index("| check | result |"):]))
