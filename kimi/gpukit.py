@@ -243,9 +243,7 @@ def pack(out: Path, chunk_mib: float, adds: list[tuple[str, Path]], payloads: li
             tar.add(path, arcname=f"payload/{rel}", recursive=True, filter=_tarinfo_filter)
             tar.dereference = False
     writer.close()
-    for chunk, name in zip(writer.chunks, chunk_names(len(writer.chunks)), strict=True):
-        (out / chunk["name"]).rename(out / name)
-        chunk["name"] = name
+    _place_chunks(writer, out, out)
     total = writer.total.hexdigest()
     manifest = {"format": FORMAT, **meta, "kit_id": total[:16], "total_sha256": total,
                 "total_size": writer.total_size, "chunk_size": chunk_size, "chunks": writer.chunks,
@@ -253,10 +251,22 @@ def pack(out: Path, chunk_mib: float, adds: list[tuple[str, Path]], payloads: li
                 "members": {arc: _du(p) for arc, p in [*adds, *payloads]},
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "pack_s": round(time.monotonic() - t0, 1)}
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    tmp.replace(out / MANIFEST)
+    _write_manifest(out, manifest)
     return manifest
+
+
+def _place_chunks(writer: ChunkWriter, src: Path, dst: Path) -> None:
+    """Move ``writer``'s chunks from ``src`` to ``dst`` under the names their count needs (``chunk_names``)."""
+    for chunk, name in zip(writer.chunks, chunk_names(len(writer.chunks)), strict=True):
+        (src / chunk["name"]).rename(dst / name)
+        chunk["name"] = name
+
+
+def _write_manifest(kit: Path, manifest: dict) -> None:
+    """``kit/MANIFEST.json``, written to a temporary name and renamed: never a half-written manifest."""
+    tmp = kit / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(kit / MANIFEST)
 
 
 def rechunk(kit: Path, chunk_mib: float) -> dict:
@@ -291,14 +301,10 @@ def rechunk(kit: Path, chunk_mib: float) -> dict:
     (kit / MANIFEST).unlink()  # no manifest while old and new chunks are swapped: never a mixed kit
     for old in kit.glob("chunk*"):
         old.unlink()
-    for chunk, name in zip(writer.chunks, chunk_names(len(writer.chunks)), strict=True):
-        (staging / chunk["name"]).rename(kit / name)
-        chunk["name"] = name
+    _place_chunks(writer, staging, kit)
     staging.rmdir()
     man.update(chunk_size=chunk_size, chunk_mib=f"{chunk_mib:g}", chunks=writer.chunks)
-    tmp = kit / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(man, indent=1) + "\n")
-    tmp.replace(kit / MANIFEST)
+    _write_manifest(kit, man)
     return man
 
 

@@ -113,7 +113,8 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
     target, work, drafter = out / "target", out / "work", out / "drafter"
     if not (target / "MANIFEST.json").is_file():
         train_target(target, cfg=recipe.target, force=True)
-    made = with_target_defaults(read_json(target / "MANIFEST.json").get("training"))
+    target_manifest = read_json(target / "MANIFEST.json")
+    made = with_target_defaults(target_manifest.get("training"))
     if made != recipe_json(recipe)["target"]:
         raise KimiError(f"{target} was trained with other settings than this recipe's target ({made} vs "
                         f"{recipe_json(recipe)['target']}); remove {target} or pass --force to train it again")
@@ -131,7 +132,6 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
     served = served_acceptance(str(target), str(drafter), prompts, k=3, max_tokens=recipe.eval_tokens)
     times["serve_s"] = time.monotonic() - started - sum(times.values())
     report(work, served)
-    target_manifest = json.loads((target / "MANIFEST.json").read_text())
     manifest = {"recipe": recipe_json(recipe), "seconds": {k: round(v, 1) for k, v in times.items()},
                 "target_final_loss": target_manifest["final_loss"],
                 "target_heldout_loss": target_manifest.get("heldout_loss"), "vocab": vocab,
