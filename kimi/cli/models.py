@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kimi.cli.options import add_force, add_group, positive_int
 from kimi.fork.layout import Layout
+from kimi.models.selection import QualityBar, pick_target
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -41,11 +42,29 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_force(p, "replace an existing folder")
     p.set_defaults(func=cmd_train_target)
     p = cmds.add_parser(
+        "pick-target", help="keep the best of several trained targets (held-out loss, greedy code without loops)",
+        description="Read each candidate's MANIFEST.json (train-target records its held-out loss and the loop share "
+                    "and distinct-2 of its greedy completions of held-out prompts other than the benchmarks'), and "
+                    "copy the candidate with the lowest held-out loss among those that clear the bar to --into.")
+    p.add_argument("candidates", nargs="+", type=Path, help="folders written by train-target")
+    p.add_argument("--into", type=Path, required=True, help="folder to write the chosen target to")
+    p.add_argument("--max-loop-share", type=float, default=QualityBar.max_loop_share,
+                   help="most completions allowed to end in a loop (default: %(default)s)")
+    p.add_argument("--min-distinct-2", type=float, default=QualityBar.min_distinct_2,
+                   help="least distinct-2 of the completions (default: %(default)s)")
+    add_force(p, "replace an existing --into folder")
+    p.set_defaults(func=cmd_pick_target)
+    p = cmds.add_parser(
         "train-pair", help="the trained reference pair: train-target, then its drafter through `kimi train`",
         description="Train the target (as train-target) and its EAGLE-3 drafter with the kimi train stages "
                     "(regenerate, capture, vocab, train, export, report) into OUT/target, OUT/drafter and "
                     "OUT/work. Stages already done are skipped.")
     p.add_argument("out", nargs="?", type=Path, default=None, help="folder (default: .kimi/models/trained)")
+    p.add_argument("--recipe", choices=("cpu", "h200"), default="cpu",
+                   help="drafter settings: cpu (the stages on 2 cores, about half an hour) or h200 (five times the "
+                        "samples, the trainer on the GPU); default: %(default)s")
+    p.add_argument("--target", type=Path, default=None, metavar="DIR",
+                   help="use this trained target (train-target / pick-target output) as OUT/target")
     p.add_argument("--tiny", action="store_true", help="a minute-sized pair for tests (not a useful drafter)")
     add_force(p, "train again from scratch")
     p.set_defaults(func=cmd_train_pair)
@@ -73,9 +92,33 @@ def cmd_train_target(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def cmd_pick_target(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi models pick-target CANDIDATE... --into OUT``: the best trained target, copied; 1 if none clears."""
+    import shutil
+
+    from kimi.fork.fsutil import check_replaceable, staged_folder
+    from kimi.log import sayer
+
+    say = sayer("models")
+    chosen, rows = pick_target(args.candidates, QualityBar(args.max_loop_share, args.min_distinct_2))
+    for row in rows:
+        say(f"{row['target']}: site {row['site_bytes'] / 1e6:.0f} MB, held-out loss {row['heldout_loss']:.3f}, "
+            f"loop share {row['loop_share']:.2f}, distinct-2 {row['distinct_2']:.2f}"
+            + ("" if row["clears_bar"] else " (below the bar)"))
+    if chosen is None:
+        say("no candidate clears the bar: nothing written")
+        return 1
+    check_replaceable(args.into, "MANIFEST.json", args.force, keep=(Path.cwd(),))
+    with staged_folder(args.into) as staging:
+        shutil.copytree(chosen, staging, dirs_exist_ok=True)
+    say(f"kept {chosen} as {args.into}")
+    return 0
+
+
 def cmd_train_pair(args: argparse.Namespace, layout: Layout) -> int:
     """``kimi models train-pair [OUT]``: the trained target and its drafter."""
-    from kimi.train.pair import train_pair
+    from kimi.train.pair import PAIR_RECIPES, train_pair
 
-    train_pair(args.out or layout.private / "models" / "trained", force=args.force, tiny=args.tiny)
+    train_pair(args.out or layout.private / "models" / "trained", None if args.tiny else PAIR_RECIPES[args.recipe],
+               force=args.force, tiny=args.tiny, target_from=args.target)
     return 0

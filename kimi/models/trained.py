@@ -26,6 +26,7 @@ from pathlib import Path
 from kimi.fork.fsutil import check_replaceable, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
 from kimi.models.reference import ReferenceSpec, target_config
+from kimi.models.selection import greedy_quality
 from kimi.models.tokenizer import (
     MAX_CORPUS_BYTES,
     SPECIAL_TOKENS,
@@ -251,7 +252,9 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
     Returns:
         The manifest: spec, training settings, the loss of every n-th step (about 500 kept), what the run did
         (steps, tokens, seconds), the loss on the training corpus and on the held-out packages (``heldout_loss``,
-        nats per token), corpus identity, file digests, torch/transformers versions and the device.
+        nats per token), the greedy completions' loop share and distinct-2 (``quality``,
+        :func:`kimi.models.selection.greedy_quality`), corpus identity, file digests, torch/transformers versions
+        and the device.
 
     Raises:
         KimiError: ``out`` exists (without ``force``) or is not an earlier output; ``cfg.device`` is
@@ -290,7 +293,8 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
         + f" on {len(tokens) / 1e6:.2f} M corpus tokens ({len(heldout) / 1e6:.2f} M held out)")
     losses, run = _train(model, tokens, cfg)
     evaluation = {"train_loss": round(eval_loss(model, tokens, cfg), 4),
-                  "heldout_loss": round(eval_loss(model, heldout, cfg), 4)}
+                  "heldout_loss": round(eval_loss(model, heldout, cfg), 4),
+                  "quality": greedy_quality(model, tokenizer, tokenizer.token_to_id(SPECIAL_TOKENS[2]))}
     with staged_folder(out) as staging:
         staging.mkdir(parents=True, exist_ok=True)
         write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
@@ -308,6 +312,8 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
                                 "torch": torch.__version__, "transformers": transformers.__version__},
                     "files": {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}}
         write_atomic(staging / "MANIFEST.json", json.dumps(manifest, indent=2) + "\n")
+    quality = evaluation["quality"]
     say(f"wrote {out}: {run['steps_done']} steps in {run['train_seconds']:.0f} s, loss {manifest['final_loss']:.3f}, "
-        f"held-out loss {evaluation['heldout_loss']:.3f} (corpus {evaluation['train_loss']:.3f})")
+        f"held-out loss {evaluation['heldout_loss']:.3f} (corpus {evaluation['train_loss']:.3f}); greedy on "
+        f"{quality['prompts']}: loop share {quality['loop_share']:.2f}, distinct-2 {quality['distinct_2']:.2f}")
     return manifest

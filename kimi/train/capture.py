@@ -50,12 +50,13 @@ def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
 
 
 class _Sink:
-    """Collects prefilled rows per sample; ``expected`` are the token lists still to come, in order."""
+    """Collects prefilled rows per sample. ``expected`` are the ``(index, token ids)`` still to come, in any order
+    (V2's runner does not keep the submission order in its batch); ``done`` maps an index to its rows."""
 
     def __init__(self) -> None:
-        self.expected: list[list[int]] = []
+        self.expected: list[tuple[int, list[int]]] = []
         self.open: list[dict] = []
-        self.done: list[dict] = []
+        self.done: dict[int, dict] = {}
 
     def take(self, input_ids, positions, aux, final) -> None:
         import torch
@@ -63,22 +64,24 @@ class _Sink:
         pos = positions.tolist()
         starts = [i for i in range(len(pos)) if i == 0 or pos[i] != pos[i - 1] + 1] + [len(pos)]
         for a, b in zip(starts[:-1], starts[1:], strict=True):
-            if pos[a] == 0:
-                if not self.expected:
+            ids = input_ids[a:b].tolist()
+            if pos[a] == 0:  # a sequence's first chunk: the expected one it starts
+                at = next((i for i, (_, want) in enumerate(self.expected) if want[:len(ids)] == ids), None)
+                if at is None:
                     raise KimiError("capture: the engine prefilled a sequence that was not asked for")
-                self.open.append({"want": self.expected.pop(0), "ids": [], "aux": [], "final": []})
-            seq = next((s for s in self.open if len(s["ids"]) == pos[a]), None)
+                index, want = self.expected.pop(at)
+                self.open.append({"index": index, "want": want, "ids": [], "aux": [], "final": []})
+            seq = next((s for s in self.open if len(s["ids"]) == pos[a]
+                        and s["want"][pos[a]:pos[a] + len(ids)] == ids), None)
             if seq is None:
                 raise KimiError(f"capture: rows at position {pos[a]} match no open sequence")
-            seq["ids"] += input_ids[a:b].tolist()
+            seq["ids"] += ids
             seq["aux"].append(aux[a:b].float().cpu())
             seq["final"].append(final[a:b].float().cpu())
             if len(seq["ids"]) >= len(seq["want"]):
-                if seq["ids"][:len(seq["want"])] != seq["want"]:
-                    raise KimiError("capture: captured token ids differ from the sample's")
                 n = len(seq["want"])
                 self.open.remove(seq)
-                self.done.append({"aux": torch.cat(seq["aux"])[:n], "final": torch.cat(seq["final"])[:n]})
+                self.done[seq["index"]] = {"aux": torch.cat(seq["aux"])[:n], "final": torch.cat(seq["final"])[:n]}
 
 
 def _install(model, ids: tuple[int, ...], sink: _Sink) -> None:
@@ -174,14 +177,14 @@ def capture(work: Path, target: str, ids: list[int] | None = None, dtype: str = 
         with tqdm(total=len(samples), initial=index["sequences"], desc="capture", unit="seq") as bar:
             for first in range(index["sequences"], len(samples), batch):
                 chunk = samples[first:first + batch]
-                sink.expected = [s["input_ids"] for s in chunk]
+                sink.expected = [(i, s["input_ids"]) for i, s in enumerate(chunk)]
                 llm.generate([{"prompt_token_ids": s["input_ids"]} for s in chunk], params, use_tqdm=False)
                 if len(sink.done) != len(chunk):
                     raise KimiError(f"capture: {len(sink.done)} of {len(chunk)} sequences came back")
-                for sample, rows in zip(chunk, sink.done, strict=True):
-                    shard.append((sample, rows))
+                for i, sample in enumerate(chunk):
+                    shard.append((sample, sink.done[i]))
                     shard_rows += len(sample["input_ids"])
-                sink.done = []
+                sink.done = {}
                 if shard_rows >= limit:
                     flush()
                 bar.update(len(chunk))

@@ -44,7 +44,7 @@ def export(work: Path, out: Path, target: str, force: bool = False) -> Path:
     ckpt = work / "train" / "checkpoint.pt"
     if not ckpt.is_file():
         raise KimiError(f"no {ckpt}: run `kimi train train` first")
-    state = torch.load(ckpt, weights_only=False)
+    state = torch.load(ckpt, weights_only=False, map_location="cpu")
     vocab = load_file(str(work / "vocab.safetensors"))
     meta = state["meta"]
     config = json.loads((Path(target) / "config.json").read_text())

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
 from kimi.errors import KimiError
-from kimi.fork.fsutil import write_atomic
+from kimi.fork.fsutil import staged_folder, write_atomic
 from kimi.models.shipped import pair_digests
 from kimi.models.trained import H200_TRAINING, TargetTraining, train_target
 from kimi.train.acceptance import served_acceptance
@@ -62,6 +62,17 @@ class PairRecipe:
     eval_tokens: int = 64
 
 
+#: The drafter made on one H200 (``kimi models train-pair OUT --recipe h200 --target DIR``): the fork's vLLM
+#: answers 6144 prompts there in seconds and the trainer runs on the GPU, so it sees over five times the CPU
+#: recipe's samples (the CPU recipe's drafter scored 2.2 on its own samples but 1.5 served: too few of them), and
+#: a draft vocabulary that covers more of the target's answers.
+H200_PAIR = PairRecipe(regenerate=RegenerateOptions(num_prompts=1024, max_tokens=96, batch=512, package="transformers",
+                                                    package_prompts=5120),
+                       draft_vocab=1536, train=TrainOptions(epochs=10, batch=32, lr=3e-3, warmup=30, save_every=500))
+
+#: Pair recipes by the name ``kimi models train-pair --recipe`` takes.
+PAIR_RECIPES = {"cpu": PairRecipe(), "h200": H200_PAIR}
+
 #: A pair in about two minutes on 2 cores, for the pipeline's end-to-end test (its drafter is not useful).
 TINY = PairRecipe(target=TargetTraining(steps=8, batch=4, seq_len=64),
                   regenerate=RegenerateOptions(num_prompts=12, max_tokens=16, batch=12), aux_ids=None, draft_vocab=256,
@@ -87,14 +98,45 @@ def recipe_changes(manifest: dict, recipe: PairRecipe) -> list[str]:
     return sorted(k for k, v in recipe_json(recipe).items() if made.get(k) != v)
 
 
-def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False, tiny: bool = False) -> dict:
+def with_target(recipe: PairRecipe, source: Path) -> PairRecipe:
+    """``recipe`` with the training settings recorded in the trained target ``source`` (its MANIFEST.json).
+
+    Raises:
+        KimiError: ``source`` has no manifest recording them (not written by ``kimi models train-target``).
+    """
+    training = read_json(source / "MANIFEST.json").get("training")
+    if not training:
+        raise KimiError(f"{source} is not a target written by `kimi models train-target` (no MANIFEST.json with "
+                        "its training settings)")
+    known = {f.name for f in fields(TargetTraining)}
+    return replace(recipe, target=TargetTraining(**{k: v for k, v in with_target_defaults(training).items()
+                                                    if k in known}))
+
+
+def place_target(source: Path, target: Path) -> None:
+    """Copy the trained target ``source`` to ``target`` (atomically), unless the same one is already there."""
+    if read_json(target / "MANIFEST.json") == read_json(source / "MANIFEST.json"):
+        return
+    if target.exists():
+        shutil.rmtree(target)
+    with staged_folder(target) as staging:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+    say(f"target: {source} copied to {target}")
+
+
+def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False, tiny: bool = False,
+               target_from: Path | None = None) -> dict:
     """Make (or finish) the pair in ``out``; returns its manifest.
 
     A complete pair (``MANIFEST.json``) made with this recipe is kept; one made with another recipe (an older
     checkout's) is trained again, so a cached pair always matches the code. ``target/`` is kept unless the
     recipe's target settings changed (or ``force``): a target trained on a GPU is not trained again on a CPU.
+    ``target_from``: a target trained elsewhere (``kimi models train-target``, picked by ``pick-target``) to
+    use as ``target/``; the recipe then takes its recorded training settings.
     """
     recipe = recipe or (TINY if tiny else PairRecipe())
+    if target_from is not None:
+        recipe = with_target(recipe, target_from)
     done = read_json(out / "MANIFEST.json")
     changed = recipe_changes(done, recipe) if done else []
     keep_target = not force and "target" not in changed
@@ -111,6 +153,8 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
     times: dict[str, float] = {}
     started = time.monotonic()
     target, work, drafter = out / "target", out / "work", out / "drafter"
+    if target_from is not None:
+        place_target(target_from, target)
     if not (target / "MANIFEST.json").is_file():
         train_target(target, cfg=recipe.target, force=True)
     target_manifest = read_json(target / "MANIFEST.json")

@@ -65,8 +65,9 @@ def _batches(count: int, opts: TrainOptions, epoch: int) -> list[list[int]]:
     return [order[i:i + opts.batch] for i in range(0, count, opts.batch)]
 
 
-def _collate(seqs: list[dict]) -> dict:
-    """Pad to the longest: input_ids int64 [B, T], loss_mask bool [B, T], aux/final float32, lengths [B]."""
+def _collate(seqs: list[dict], device: str = "cpu") -> dict:
+    """Pad to the longest, on ``device``: input_ids int64 [B, T], loss_mask bool [B, T], aux/final float32,
+    lengths [B]."""
     t = max(len(s["input_ids"]) for s in seqs)
 
     def pad(x: torch.Tensor, dtype) -> torch.Tensor:
@@ -74,11 +75,12 @@ def _collate(seqs: list[dict]) -> dict:
         out[:len(x)] = x.to(dtype)
         return out
 
-    return {"input_ids": torch.stack([pad(s["input_ids"], torch.int64) for s in seqs]),
-            "loss_mask": torch.stack([pad(s["loss_mask"], torch.bool) for s in seqs]),
-            "aux": torch.stack([pad(s["aux"], torch.float32) for s in seqs]),
-            "final": torch.stack([pad(s["final"], torch.float32) for s in seqs]),
-            "lengths": torch.tensor([len(s["input_ids"]) for s in seqs])}
+    batch = {"input_ids": torch.stack([pad(s["input_ids"], torch.int64) for s in seqs]),
+             "loss_mask": torch.stack([pad(s["loss_mask"], torch.bool) for s in seqs]),
+             "aux": torch.stack([pad(s["aux"], torch.float32) for s in seqs]),
+             "final": torch.stack([pad(s["final"], torch.float32) for s in seqs]),
+             "lengths": torch.tensor([len(s["input_ids"]) for s in seqs])}
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def ttt_loss(model: Eagle3Drafter, batch: dict, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
@@ -87,17 +89,17 @@ def ttt_loss(model: Eagle3Drafter, batch: dict, lm_head: torch.Tensor, d2t: torc
 
     Args:
         lm_head: float32 [vocab, H], the target's LM head.
-        d2t: int64 [draft_vocab]; t2d: bool [vocab].
+        d2t: int64 [draft_vocab]; t2d: bool [vocab]. Every tensor on the batch's device.
     """
     ids, lengths = batch["input_ids"], batch["lengths"]
     b, t = ids.shape
-    draft_ids = torch.arange(len(d2t)) + d2t
+    draft_ids = torch.arange(len(d2t), device=d2t.device) + d2t
     with torch.no_grad():
         full = batch["final"] @ lm_head.T  # [B, T, vocab]
         greedy = full.argmax(-1)
         target_p = torch.softmax(full[..., draft_ids], -1)
     logits = model.unroll(ids, batch["aux"], lengths, steps)
-    rows = torch.arange(t)
+    rows = torch.arange(t, device=ids.device)
     loss, acc, hits, scores = 0.0, [], [], []
     for j, step_logits in enumerate(logits):
         r = (rows + 1 + j).clamp(max=t - 1)
@@ -170,6 +172,9 @@ def _save(path: Path, payload: dict) -> None:
 def train(work: Path, target: str, opts: TrainOptions, resume: bool = False, init: Path | None = None) -> dict:
     """Train on ``work/capture`` with ``work/vocab.safetensors``; returns the last logged metrics.
 
+    On a CUDA device when torch sees one (float32 there too: the drafter is small), else on the CPU with
+    ``opts.threads`` threads; the device is logged and returned with the metrics.
+
     Raises:
         KimiError: missing capture or vocab, or a checkpoint already there without ``resume``.
     """
@@ -182,33 +187,36 @@ def train(work: Path, target: str, opts: TrainOptions, resume: bool = False, ini
         raise KimiError(f"nothing captured in {work / 'capture'}: run `kimi train capture` first")
     if not (work / "vocab.safetensors").is_file():
         raise KimiError(f"no {work / 'vocab.safetensors'}: run `kimi train vocab` first")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     vocab = load_file(str(work / "vocab.safetensors"))
-    d2t, t2d = vocab["d2t"], vocab["t2d"]
+    d2t, t2d = vocab["d2t"].to(device), vocab["t2d"].to(device)
     out = work / "train"
     ckpt_path = out / "checkpoint.pt"
     if ckpt_path.exists() and not resume:
         raise KimiError(f"{ckpt_path} exists: add --resume to continue it, or use another --work folder")
     model, head = build_drafter(target, index, len(d2t), opts)
-    lm_head = head["lm_head"].float()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opts.lr,
-                            weight_decay=opts.weight_decay)
+    lm_head = head["lm_head"].float().to(device)
     seqs = _sequences(work / "capture")
     per_epoch = len(_batches(len(seqs), opts, 0))
     total = opts.epochs * per_epoch
-    step = 0
+    step, state = 0, None
     if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
         step = state["step"]
         say(f"train: resuming at step {step} of {total}")
     elif init is not None:
-        warm_start(model, init, d2t)
+        warm_start(model, init, d2t.cpu())
+    model.to(device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opts.lr,
+                            weight_decay=opts.weight_decay)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])  # its moments go to the parameters' device
     out.mkdir(parents=True, exist_ok=True)
     meta = {"options": asdict(opts), "shape": asdict(model.shape), "total_steps": total,
             "aux_layer_ids": index["aux_layer_ids"], "target": index["target"]}
     say(f"train: {len(seqs)} sequences, {per_epoch} batches x {opts.epochs} epochs, TTT {opts.ttt_steps} steps, "
-        f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f} M trainable parameters")
+        f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.2f} M trainable parameters on {device}")
     metrics: dict = {}
     if step >= total and (out / "log.jsonl").is_file():  # resumed after the last step: its logged metrics
         last = [line for line in (out / "log.jsonl").read_text().splitlines() if line.strip()][-1:]
@@ -216,7 +224,7 @@ def train(work: Path, target: str, opts: TrainOptions, resume: bool = False, ini
     with open(out / "log.jsonl", "a") as log, tqdm(total=total, initial=step, desc="train", unit="step") as bar:
         while step < total:
             epoch, pos = divmod(step, per_epoch)
-            batch = _collate([seqs[i] for i in _batches(len(seqs), opts, epoch)[pos]])
+            batch = _collate([seqs[i] for i in _batches(len(seqs), opts, epoch)[pos]], device)
             for group in opt.param_groups:
                 group["lr"] = _lr(step, total, opts)
             loss, metrics = ttt_loss(model, batch, lm_head, d2t, t2d, opts.ttt_steps)
@@ -233,4 +241,4 @@ def train(work: Path, target: str, opts: TrainOptions, resume: bool = False, ini
             if step % opts.save_every == 0 or step == total:
                 _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                                   "meta": meta})
-    return metrics
+    return {**metrics, "device": device}
