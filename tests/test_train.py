@@ -190,3 +190,48 @@ def test_a_pair_made_with_another_recipe_is_named_for_retraining():
     older = replace(current, train=TrainOptions(epochs=6, batch=16, lr=3e-3, warmup=10))
     assert recipe_changes({"recipe": recipe_json(older)}, current) == ["train"]
     assert recipe_changes({}, current) == sorted(recipe_json(current))
+
+
+def test_capture_matches_prefilled_rows_to_samples_in_any_batch_order():
+    """vLLM's V2 runner batches requests in its own order (seen on the H200: the capture of 16 samples failed with
+    "captured token ids differ from the sample's" when rows were given to samples in submission order)."""
+    from kimi.errors import KimiError
+    from kimi.train.capture import _Sink
+
+    sink = _Sink()
+    first, second = [5, 6, 7, 8, 9], [11, 12, 13]
+    sink.expected = [(0, first), (1, second)]
+    rows = torch.arange(16.0)[:, None].expand(16, 2)
+    # one step: all of the second sample, then the first sample's first chunk of three tokens
+    sink.take(torch.tensor(second + first[:3]), torch.tensor([0, 1, 2, 0, 1, 2]), rows[:6], rows[:6])
+    assert list(sink.done) == [1]
+    sink.take(torch.tensor(first[3:]), torch.tensor([3, 4]), rows[6:8], rows[6:8])  # the first one's last chunk
+    assert sorted(sink.done) == [0, 1] and not sink.open and not sink.expected
+    assert sink.done[1]["aux"][:, 0].tolist() == [0.0, 1.0, 2.0]
+    assert sink.done[0]["aux"][:, 0].tolist() == [3.0, 4.0, 5.0, 6.0, 7.0]
+    sink.expected = [(0, first)]
+    with pytest.raises(KimiError, match="not asked for"):
+        sink.take(torch.tensor([1, 2]), torch.tensor([0, 1]), rows[:2], rows[:2])
+
+
+def test_a_pair_takes_the_training_settings_of_the_target_it_is_given(tmp_path: Path):
+    from dataclasses import asdict
+
+    from kimi.errors import KimiError
+    from kimi.models.trained import H200_TRAINING
+    from kimi.train.pair import H200_PAIR, place_target, recipe_changes, recipe_json, with_target
+
+    source = tmp_path / "picked"
+    source.mkdir()
+    training = {**json.loads(json.dumps(asdict(H200_TRAINING))), "site_bytes": 25_000_000}
+    del training["eval_windows"]  # a field the target's kimi did not have yet takes its default
+    (source / "MANIFEST.json").write_text(json.dumps({"training": training}))
+    (source / "model.safetensors").write_bytes(b"w")
+    recipe = with_target(H200_PAIR, source)
+    assert recipe.target.site_bytes == 25_000_000 and recipe.target.eval_windows == H200_TRAINING.eval_windows
+    assert recipe_changes({"recipe": recipe_json(H200_PAIR)}, recipe) == ["target"]
+    place_target(source, tmp_path / "pair" / "target")
+    assert (tmp_path / "pair" / "target" / "model.safetensors").read_bytes() == b"w"
+    (source / "not-a-target").mkdir()
+    with pytest.raises(KimiError, match="not a target written by `kimi models train-target`"):
+        with_target(H200_PAIR, source / "not-a-target")

@@ -22,16 +22,15 @@ from kimi.drafter.conventions import default_ids
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.install
 
-#: How much lower tau must be with every aux id shifted by one (the wiring guard). The shipped pair's drafter leans
-#: on its aux states less than the former CPU-trained pair's did: measured here (CPU, float32, deterministic; this
-#: test's 8 prompts x 48 tokens) 1.477 vs 1.429 with ids (1, 3, 4); the benchmark's 16 x 64 gives
-#: 1.527 vs 1.440 on CPU and 1.469 vs 1.395 on the H200 (benchmarks/results/acceptance.md). The margin is half the
-#: gap measured here: a drafter served with its neighbours' states still fails it, a weaker guard than issue O's
-#: 0.3 (which the former pair's degenerate text made easy).
-GUARD_MARGIN = 0.024
+#: How much lower tau must be with every aux id shifted by one (the wiring guard). Measured here with the shipped
+#: pair (the H200-trained drafter; CPU, float32, deterministic; this test's 8 prompts x 48 tokens): 1.767 vs 1.664
+#: with ids (1, 3, 4); the benchmark's 16 x 64 gives 1.827 vs 1.697 on CPU and 1.753 vs 1.645 on the H200
+#: (benchmarks/results/cpu/acceptance.md, acceptance.md). The margin is half the gap measured here: a drafter served
+#: with its neighbours' states fails it, though it is a weaker guard than issue O's 0.3.
+GUARD_MARGIN = 0.05
 
-#: The served tau the shipped pair must reach here (measured 1.477).
-MIN_TAU = 1.35
+#: The served tau the shipped pair must reach here (measured 1.767; the CPU-trained drafter before it: 1.477).
+MIN_TAU = 1.6
 
 
 def _kimi(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
