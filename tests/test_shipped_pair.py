@@ -68,3 +68,16 @@ def test_a_target_trained_otherwise_is_not_taken_for_the_recipes(tmp_path: Path)
     (tmp_path / "target" / "MANIFEST.json").write_text(json.dumps({"training": {"steps": 1}}))
     with pytest.raises(KimiError, match="trained with other settings"):
         train_pair(tmp_path)
+
+
+def test_train_pair_keeps_the_shipped_pair_and_refuses_another_recipe_over_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # kimi.train imports it
+    from kimi.train.pair import H200_PAIR, PairRecipe, train_pair
+
+    pair = _copy(tmp_path)
+    before = pair_digests(pair)
+    manifest = train_pair(pair, H200_PAIR, target_from=pair / "target")  # the recipe that made it: complete
+    assert manifest["files"] == before
+    with pytest.raises(KimiError, match=r"made with another recipe \(it differs in: .*train.*nothing was changed"):
+        train_pair(pair, PairRecipe())  # `kimi models train-pair models/pair` with the CPU recipe
+    assert pair_digests(pair) == before and check_pair(pair)["files"] == before

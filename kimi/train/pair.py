@@ -130,21 +130,26 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
                target_from: Path | None = None) -> dict:
     """Make (or finish) the pair in ``out``; returns its manifest.
 
-    A complete pair (``MANIFEST.json``) made with this recipe is kept; one made with another recipe (an older
-    checkout's) is trained again, so a cached pair always matches the code. ``target/`` is kept unless the
-    recipe's target settings changed (or ``force``): a target trained on a GPU is not trained again on a CPU.
+    A complete pair (``MANIFEST.json``) made with this recipe is kept. One made with another recipe is left as it
+    is unless ``force`` (the shipped pair's files are never replaced by a run that merely names another recipe).
+    ``force`` trains again from scratch, ``target/`` included unless it is ``target_from``.
     ``target_from``: a target trained elsewhere (``kimi models train-target``, picked by ``pick-target``) to
     use as ``target/``; the recipe then takes its recorded training settings.
+
+    Raises:
+        KimiError: a complete pair made with another recipe (without ``force``), or a ``target/`` trained with
+            other settings than the recipe's.
     """
     recipe = recipe or (TINY if tiny else PairRecipe())
     if target_from is not None:
         recipe = with_target(recipe, target_from)
     done = read_json(out / "MANIFEST.json")
     changed = recipe_changes(done, recipe) if done else []
-    keep_target = not force and "target" not in changed
     if changed and not force:
-        say(f"the pair in {out} was trained with another recipe (differs in: {', '.join(changed)}): training again")
-        force = True
+        raise KimiError(f"the pair in {out} was made with another recipe (it differs in: {', '.join(changed)}); "
+                        "nothing was changed. Name the recipe it was made with (the shipped pair: --recipe h200 "
+                        "--target models/pair/target), another folder, or --force to train it again")
+    keep_target = target_from is not None and (out / "target").resolve() == target_from.resolve()
     if force and out.exists():
         for item in out.iterdir():
             if not (keep_target and item.name == "target"):
