@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.install
+#: A mainline patch for code 0.32.0 added: 0.26.0 has no `_COMPUTE_SLOT_MAPPING_KERNEL`
+#: (the v0.26 line has no such patch).
+pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
 
 
 def test_slots_of_two_requests() -> None:
