@@ -12,7 +12,7 @@ from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
 from kimi.models.shipped import check_pair, pair_digests
 
-#: What every device call carries with the tracked tree (issue O: "at most ~12 MB"); the shipped pair is 12.44 MiB
+#: What every device call carries with the tracked tree (issue O: "at most ~12 MB"); the shipped pair is 12.43 MiB
 #: (target 10.25 MiB, drafter 1.92 MiB with its 1536-id head, tokenizer and configs), so a device call keeps about
 #: 48 MiB for the kit's chunks.
 MAX_PAIR_MIB = 12.5
@@ -77,7 +77,23 @@ def test_train_pair_keeps_the_shipped_pair_and_refuses_another_recipe_over_it(tm
     pair = _copy(tmp_path)
     before = pair_digests(pair)
     manifest = train_pair(pair, H200_PAIR, target_from=pair / "target")  # the recipe that made it: complete
-    assert manifest["files"] == before
+    assert manifest == json.loads((SHIPPED_PAIR / "MANIFEST.json").read_text())  # returned as it is, not retrained
     with pytest.raises(KimiError, match=r"made with another recipe \(it differs in: .*train.*nothing was changed"):
         train_pair(pair, PairRecipe())  # `kimi models train-pair models/pair` with the CPU recipe
     assert pair_digests(pair) == before and check_pair(pair)["files"] == before
+
+
+def test_a_target_inside_the_pair_folder_other_than_its_target_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # kimi.train imports it
+    from kimi.train.pair import H200_PAIR, place_target, train_pair
+
+    pair = _copy(tmp_path)
+    before = pair_digests(pair)
+    picked = pair / "picked"  # e.g. `train-pair ROOT --target ROOT/picked --force`: --force would delete it first
+    shutil.copytree(pair / "target", picked)
+    with pytest.raises(KimiError, match="lies inside"):
+        train_pair(pair, H200_PAIR, force=True, target_from=picked)
+    assert pair_digests(pair) == before and picked.is_dir()
+    with pytest.raises(KimiError, match="not a trained target"):
+        place_target(tmp_path / "nothing-here", pair / "target")
+    assert pair_digests(pair) == before

@@ -51,6 +51,10 @@ def test_a_target_without_recorded_quality_is_named(tmp_path: Path):
         pick_target([old])
     with pytest.raises(KimiError, match="not a target"):
         pick_target([tmp_path / "missing"])
+    partial = _candidate(tmp_path, "partial", 3.0, 0.0, 0.6)
+    (partial / "MANIFEST.json").write_text(json.dumps({"heldout_loss": 3.0, "quality": {"loop_share": 0.0}}))
+    with pytest.raises(KimiError, match="not a target"):
+        pick_target([partial])
 
 
 def _pick(*args: str) -> subprocess.CompletedProcess:
@@ -63,14 +67,18 @@ def test_pick_target_command_copies_the_chosen_one_or_writes_nothing(tmp_path: P
     b = _candidate(tmp_path, "b", 3.5, 0.0, 0.6, site_mb=0)
     out = tmp_path / "picked"
     run = _pick(str(a), "--into", str(out))
-    assert run.returncode == 1 and not out.exists(), run.stderr
+    assert run.returncode == 3 and not out.exists(), run.stderr  # 3: none clears the bar (1: an error)
     assert "no candidate clears the bar" in run.stderr and "site 10 MB" in run.stderr
     run = _pick(str(a), str(b), "--into", str(out))
     assert run.returncode == 0, run.stderr
     assert (out / "model.safetensors").read_bytes() == b"weights of b"
     assert json.loads((out / "MANIFEST.json").read_text())["heldout_loss"] == 3.5
     run = _pick(str(b), "--into", str(out))  # an earlier pick is not replaced without --force
-    assert run.returncode != 0 and "--force" in run.stderr
+    assert run.returncode == 1 and "--force" in run.stderr
+    for inside in (b, b / "picked"):  # a candidate itself, or a folder inside one, is never the output
+        run = _pick(str(a), str(b), "--into", str(inside), "--force")
+        assert run.returncode == 1 and "candidate" in run.stderr, run.stderr
+    assert (b / "model.safetensors").read_bytes() == b"weights of b" and not (b / "picked").exists()
 
 
 def test_selection_prompts_are_not_the_benchmarks_prompts():

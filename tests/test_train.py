@@ -209,6 +209,10 @@ def test_capture_matches_prefilled_rows_to_samples_in_any_batch_order():
     assert sorted(sink.done) == [0, 1] and not sink.open and not sink.expected
     assert sink.done[1]["aux"][:, 0].tolist() == [0.0, 1.0, 2.0]
     assert sink.done[0]["aux"][:, 0].tolist() == [3.0, 4.0, 5.0, 6.0, 7.0]
+    prefix = first[:3]  # a sample that is another's prefix takes its own rows, not the longer sample's
+    sink.expected, sink.done = [(0, first), (1, prefix)], {}
+    sink.take(torch.tensor(prefix), torch.tensor([0, 1, 2]), rows[:3], rows[:3])
+    assert list(sink.done) == [1] and sink.expected == [(0, first)]
     sink.expected = [(0, first)]
     with pytest.raises(KimiError, match="not asked for"):
         sink.take(torch.tensor([1, 2]), torch.tensor([0, 1]), rows[:2], rows[:2])

@@ -45,7 +45,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "pick-target", help="keep the best of several trained targets (held-out loss, greedy code without loops)",
         description="Read each candidate's MANIFEST.json (train-target records its held-out loss and the loop share "
                     "and distinct-2 of its greedy completions of held-out prompts other than the benchmarks'), and "
-                    "copy the candidate with the lowest held-out loss among those that clear the bar to --into.")
+                    "copy the candidate with the lowest held-out loss among those that clear the bar to --into. "
+                    "Exit status 3 when none clears it (nothing is written), 1 on an error.")
     p.add_argument("candidates", nargs="+", type=Path, help="folders written by train-target")
     p.add_argument("--into", type=Path, required=True, help="folder to write the chosen target to")
     p.add_argument("--max-loop-share", type=float, default=QualityBar.max_loop_share,
@@ -66,7 +67,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, default=None, metavar="DIR",
                    help="use this trained target (train-target / pick-target output) as OUT/target")
     p.add_argument("--tiny", action="store_true", help="a minute-sized pair for tests (not a useful drafter)")
-    add_force(p, "train again from scratch")
+    add_force(p, "train a pair made with another recipe again (its target too where the target settings differ)")
     p.set_defaults(func=cmd_train_pair)
 
 
@@ -93,24 +94,27 @@ def cmd_train_target(args: argparse.Namespace, layout: Layout) -> int:
 
 
 def cmd_pick_target(args: argparse.Namespace, layout: Layout) -> int:
-    """``kimi models pick-target CANDIDATE... --into OUT``: the best trained target, copied; 1 if none clears."""
-    import shutil
-
-    from kimi.fork.fsutil import check_replaceable, staged_folder
+    """``kimi models pick-target CANDIDATE... --into OUT``: the best trained target, copied; 3 if none clears."""
+    from kimi.errors import KimiError
+    from kimi.fork.fsutil import check_replaceable, copy_folder
     from kimi.log import sayer
 
     say = sayer("models")
+    into = args.into.resolve()
+    for candidate in args.candidates:
+        if candidate.resolve() in (into, *into.parents):
+            raise KimiError(f"--into {args.into} is (or lies inside) the candidate {candidate}: choose a folder "
+                            "outside the candidates")
     chosen, rows = pick_target(args.candidates, QualityBar(args.max_loop_share, args.min_distinct_2))
     for row in rows:
         say(f"{row['target']}: site {row['site_bytes'] / 1e6:.0f} MB, held-out loss {row['heldout_loss']:.3f}, "
             f"loop share {row['loop_share']:.2f}, distinct-2 {row['distinct_2']:.2f}"
             + ("" if row["clears_bar"] else " (below the bar)"))
     if chosen is None:
-        say("no candidate clears the bar: nothing written")
-        return 1
-    check_replaceable(args.into, "MANIFEST.json", args.force, keep=(Path.cwd(),))
-    with staged_folder(args.into) as staging:
-        shutil.copytree(chosen, staging, dirs_exist_ok=True)
+        say("no candidate clears the bar: nothing written (exit 3)")
+        return 3
+    check_replaceable(args.into, "MANIFEST.json", args.force, keep=(Path.cwd(), *args.candidates))
+    copy_folder(chosen, args.into)
     say(f"kept {chosen} as {args.into}")
     return 0
 

@@ -139,3 +139,14 @@ def staged_folder(dst: Path) -> Iterator[Path]:
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def copy_folder(source: Path, dst: Path) -> None:
+    """Copy the folder ``source`` to ``dst`` through :func:`staged_folder`: ``dst`` is the old folder or the whole
+    copy, never a part of it.
+
+    Raises:
+        KimiError: a file-system error while writing (nothing was written).
+    """
+    with staged_folder(dst) as staging:
+        shutil.copytree(source, staging, dirs_exist_ok=True)

@@ -86,7 +86,8 @@ def candidate_row(folder: Path, bar: QualityBar) -> dict:
     path = folder / "MANIFEST.json"
     try:
         manifest = json.loads(path.read_text())
-        quality, heldout = manifest["quality"], float(manifest["heldout_loss"])
+        heldout = float(manifest["heldout_loss"])
+        quality = {key: float(manifest["quality"][key]) for key in ("loop_share", "distinct_2")}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KimiError(f"{folder} is not a target trained with its quality recorded ({type(exc).__name__}: "
                         f"{exc}); train it with `kimi models train-target`") from None

@@ -65,8 +65,10 @@ class _Sink:
         starts = [i for i in range(len(pos)) if i == 0 or pos[i] != pos[i - 1] + 1] + [len(pos)]
         for a, b in zip(starts[:-1], starts[1:], strict=True):
             ids = input_ids[a:b].tolist()
-            if pos[a] == 0:  # a sequence's first chunk: the expected one it starts
-                at = next((i for i, (_, want) in enumerate(self.expected) if want[:len(ids)] == ids), None)
+            if pos[a] == 0:  # a sequence's first chunk: the expected one it starts (a whole sample before one it
+                # is a prefix of); the capture engine does not chunk a prefill (max_num_batched_tokens >= the longest)
+                starts = [i for i, (_, want) in enumerate(self.expected) if want[:len(ids)] == ids]
+                at = next((i for i in starts if len(self.expected[i][1]) == len(ids)), starts[0] if starts else None)
                 if at is None:
                     raise KimiError("capture: the engine prefilled a sequence that was not asked for")
                 index, want = self.expected.pop(at)

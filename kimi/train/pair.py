@@ -24,7 +24,7 @@ from pathlib import Path
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
 from kimi.errors import KimiError
-from kimi.fork.fsutil import staged_folder, write_atomic
+from kimi.fork.fsutil import copy_folder, write_atomic
 from kimi.models.shipped import pair_digests
 from kimi.models.trained import H200_TRAINING, TargetTraining, train_target
 from kimi.train.acceptance import served_acceptance
@@ -63,9 +63,10 @@ class PairRecipe:
 
 
 #: The drafter made on one H200 (``kimi models train-pair OUT --recipe h200 --target DIR``): the fork's vLLM
-#: answers 6144 prompts there in seconds and the trainer runs on the GPU, so it sees over five times the CPU
+#: answers 6144 prompts there in 56 s and the trainer runs on the GPU, so it sees over five times the CPU
 #: recipe's samples (the CPU recipe's drafter scored 2.2 on its own samples but 1.5 served: too few of them), and
-#: a draft vocabulary that covers more of the target's answers (1536 ids: 94.3 % of them, against 90.1 % for 1024).
+#: a larger draft vocabulary (1536 ids covered 94.3 % of these answers' tokens; 1024 covered 90.1 % of the CPU
+#: recipe's).
 #: The shipped drafter: served tau 1.75 at k = 3 on the H200 where the CPU recipe's got 1.47
 #: (benchmarks/results/acceptance.md, logs/gpu-0.32.0-pair2).
 H200_PAIR = PairRecipe(regenerate=RegenerateOptions(num_prompts=1024, max_tokens=96, batch=512, package="transformers",
@@ -116,13 +117,18 @@ def with_target(recipe: PairRecipe, source: Path) -> PairRecipe:
 
 
 def place_target(source: Path, target: Path) -> None:
-    """Copy the trained target ``source`` to ``target`` (atomically), unless the same one is already there."""
-    if read_json(target / "MANIFEST.json") == read_json(source / "MANIFEST.json"):
+    """Copy the trained target ``source`` to ``target`` (atomically), unless the same one is already there.
+
+    Raises:
+        KimiError: ``source`` has no MANIFEST.json (not a trained target, or not there).
+    """
+    wanted = read_json(source / "MANIFEST.json")
+    if not wanted:
+        raise KimiError(f"{source} is not a trained target (no MANIFEST.json): name the folder written by "
+                        "`kimi models train-target` or `pick-target`")
+    if read_json(target / "MANIFEST.json") == wanted:
         return
-    if target.exists():
-        shutil.rmtree(target)
-    with staged_folder(target) as staging:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
+    copy_folder(source, target)
     say(f"target: {source} copied to {target}")
 
 
@@ -132,24 +138,32 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
 
     A complete pair (``MANIFEST.json``) made with this recipe is kept. One made with another recipe is left as it
     is unless ``force`` (the shipped pair's files are never replaced by a run that merely names another recipe).
-    ``force`` trains again from scratch, ``target/`` included unless it is ``target_from``.
+    ``force`` trains the pair again; ``target/`` is kept when the recipe's target settings are those it was made
+    with (a target trained on a GPU is not trained again on a CPU), or when it is ``target_from``.
     ``target_from``: a target trained elsewhere (``kimi models train-target``, picked by ``pick-target``) to
-    use as ``target/``; the recipe then takes its recorded training settings.
+    use as ``target/``; the recipe then takes its recorded training settings. It may not lie inside ``out``
+    other than as ``out/target``.
 
     Raises:
-        KimiError: a complete pair made with another recipe (without ``force``), or a ``target/`` trained with
-            other settings than the recipe's.
+        KimiError: a complete pair made with another recipe (without ``force``), a ``target_from`` inside ``out``,
+            or a ``target/`` trained with other settings than the recipe's.
     """
     recipe = recipe or (TINY if tiny else PairRecipe())
     if target_from is not None:
+        source, inside = target_from.resolve(), out.resolve()
+        if inside in source.parents and source != inside / "target":
+            raise KimiError(f"--target {target_from} lies inside {out}, which the pair's training rewrites: move it "
+                            "out of there first")
         recipe = with_target(recipe, target_from)
     done = read_json(out / "MANIFEST.json")
     changed = recipe_changes(done, recipe) if done else []
     if changed and not force:
         raise KimiError(f"the pair in {out} was made with another recipe (it differs in: {', '.join(changed)}); "
                         "nothing was changed. Name the recipe it was made with (the shipped pair: --recipe h200 "
-                        "--target models/pair/target), another folder, or --force to train it again")
-    keep_target = target_from is not None and (out / "target").resolve() == target_from.resolve()
+                        "--target models/pair/target) or another folder; --force trains its drafter again "
+                        "(and its target too where the target settings differ)")
+    keep_target = "target" not in changed or (
+        target_from is not None and (out / "target").resolve() == target_from.resolve())
     if force and out.exists():
         for item in out.iterdir():
             if not (keep_target and item.name == "target"):
