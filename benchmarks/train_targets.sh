@@ -6,8 +6,8 @@
 # One `kimi models train-target --recipe h200 --site-mb N` per size, all at once on the same GPU (each stops
 # at the recipe's time budget, so sharing the GPU costs each of them steps, not time), logs in ROOT/siteN.log;
 # then `kimi models pick-target` copies the lowest held-out loss whose greedy code clears the quality bar to
-# ROOT/picked (exit 3 if none does). Only the candidates whose training ended well this run are considered. Uses the host's python3 (torch with CUDA, transformers, tokenizers);
-# no vLLM needed.
+# ROOT/picked (exit 3 if none does). Only the candidates whose training ended well this run are considered.
+# Uses the host's python3 (torch with CUDA, transformers, tokenizers); no vLLM needed.
 set -uo pipefail
 root=${1:?usage: train_targets.sh ROOT [SITE_MB...]}
 shift

@@ -103,4 +103,3 @@ def pick_target(candidates: list[Path], bar: QualityBar = QualityBar()) -> tuple
     cleared = [row for row in rows if row["clears_bar"]]
     best = min(cleared, key=lambda row: row["heldout_loss"]) if cleared else None
     return (Path(best["target"]) if best else None), rows
-

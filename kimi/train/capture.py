@@ -67,8 +67,8 @@ class _Sink:
             ids = input_ids[a:b].tolist()
             if pos[a] == 0:  # a sequence's first chunk: the expected one it starts (a whole sample before one it
                 # is a prefix of); the capture engine does not chunk a prefill (max_num_batched_tokens >= the longest)
-                starts = [i for i, (_, want) in enumerate(self.expected) if want[:len(ids)] == ids]
-                at = next((i for i in starts if len(self.expected[i][1]) == len(ids)), starts[0] if starts else None)
+                matches = [i for i, (_, want) in enumerate(self.expected) if want[:len(ids)] == ids]
+                at = next((i for i in matches if len(self.expected[i][1]) == len(ids)), matches[0] if matches else None)
                 if at is None:
                     raise KimiError("capture: the engine prefilled a sequence that was not asked for")
                 index, want = self.expected.pop(at)
