@@ -68,6 +68,14 @@ def test_a_target_trained_otherwise_is_not_taken_for_the_recipes(tmp_path: Path)
     (tmp_path / "target" / "MANIFEST.json").write_text(json.dumps({"training": {"steps": 1}}))
     with pytest.raises(KimiError, match="trained with other settings"):
         train_pair(tmp_path)
+    # with --force (which the message names) that target goes, though no pair manifest says the recipe changed; the
+    # recipe's own target is then trained: on CUDA only, so here it stops there
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("the recipe's target would be trained here (minutes on a GPU)")
+    with pytest.raises(KimiError, match="trains on CUDA"):
+        train_pair(tmp_path, force=True)
+    assert not (tmp_path / "target" / "MANIFEST.json").exists()
 
 
 def test_train_pair_keeps_the_shipped_pair_and_refuses_another_recipe_over_it(tmp_path: Path) -> None:

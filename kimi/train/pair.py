@@ -93,6 +93,12 @@ def with_target_defaults(training: dict | None) -> dict:
     return {**json.loads(json.dumps(asdict(TargetTraining()))), **(training or {"steps": None})}
 
 
+def recorded_training(target: Path) -> dict | None:
+    """The training settings the target in ``target`` records (:func:`with_target_defaults`); None: no target."""
+    made = read_json(target / "MANIFEST.json")
+    return with_target_defaults(made.get("training")) if made else None
+
+
 def recipe_changes(manifest: dict, recipe: PairRecipe) -> list[str]:
     """The fields of ``recipe`` (``target``, ``train``, ...) that a pair's manifest records otherwise; [] if none."""
     made = dict(manifest.get("recipe") or {})
@@ -162,7 +168,7 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
                         "nothing was changed. Name the recipe it was made with (the shipped pair: --recipe h200 "
                         "--target models/pair/target) or another folder; --force trains its drafter again "
                         "(and its target too where the target settings differ)")
-    keep_target = "target" not in changed or (
+    keep_target = recorded_training(out / "target") == recipe_json(recipe)["target"] or (
         target_from is not None and (out / "target").resolve() == target_from.resolve())
     if force and out.exists():
         for item in out.iterdir():
@@ -178,11 +184,11 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
         place_target(target_from, target)
     if not (target / "MANIFEST.json").is_file():
         train_target(target, cfg=recipe.target, force=True)
-    target_manifest = read_json(target / "MANIFEST.json")
-    made = with_target_defaults(target_manifest.get("training"))
+    made = recorded_training(target)
     if made != recipe_json(recipe)["target"]:
         raise KimiError(f"{target} was trained with other settings than this recipe's target ({made} vs "
                         f"{recipe_json(recipe)['target']}); remove {target} or pass --force to train it again")
+    target_manifest = read_json(target / "MANIFEST.json")
     times["target_s"] = time.monotonic() - started
     regenerate(work, str(target), recipe.regenerate)
     times["regenerate_s"] = time.monotonic() - started - sum(times.values())
