@@ -20,6 +20,8 @@ For each model, engines run one at a time, each in its own process with its own 
 * ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``): the
   fork before patch 0013; ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork with ``VLLM_USE_V2_MODEL_RUNNER=1``
   (results from before patch 0013, when the fork's default was V1);
+* ``hookoff_k3`` (``--hook-off``): the fork with ``KIMI_DRAFT_GREEDY=upstream`` on its default runner: patch
+  0009's hook off, the rest of the fork on (the rows' ``fork_vs_hookoff`` is the hook's share);
 * ``check_k3``: the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
   patch 0009 against upstream's, counted on the device; the count needs V1, see
   ``kimi/hooks/eagle3_greedy_draft_vocab.py``).
@@ -118,6 +120,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fork-greedy", default="auto", help="KIMI_DRAFT_GREEDY for the fork's engines")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="leave out the KIMI_DRAFT_GREEDY=check engine of each model")
+    p.add_argument("--hook-off", action="store_true",
+                   help="add hookoff_k3: the fork with KIMI_DRAFT_GREEDY=upstream (patch 0009's hook off)")
+    p.add_argument("--profile", action="store_true",
+                   help="after its rounds, each engine runs one batch at the largest concurrency under cProfile "
+                        "(Python time per function) and writes <engine>.cprofile.txt under --out/profiles")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 540)))
     p.add_argument("--job-timeout-s", type=float, default=240)
     p.add_argument("--scratch", type=Path, default=Path("/tmp/perf_vs_upstream"))
@@ -169,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     except KimiError as exc:
         raise SystemExit(f"perf: {exc}") from None
     jobs = plan(args, pair_prompts, slice_dirs)
+    if args.profile:
+        jobs = [{**job, "profile_dir": str(args.out / "profiles")} for job in jobs]
     log(f"{len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}")
     runs = run_all(args, jobs, started)
     summary = summarize(args, jobs, runs, started)

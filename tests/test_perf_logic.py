@@ -148,6 +148,33 @@ def test_markdown_has_the_held_runner_columns_of_the_rows(tmp_path: Path) -> Non
     assert "| 300.0 (v2) |" in table[2] and table[2].endswith("| 190.0 (1.0556) | 2.5 |")
 
 
+def test_hook_off_engine_gives_its_own_ratios_and_columns(tmp_path: Path) -> None:
+    """--hook-off: per-round ratios of the fork with patch 0009's hook off against upstream, and of the fork
+    against it, in the row and in three more columns of the table."""
+    def rounds(rates: list[float], runner: str = "v2") -> dict:
+        result = _result(max(rates), 2.5, None, runner=runner)
+        result["by_concurrency"]["4"]["tok_s_rounds"] = rates
+        return result
+
+    spec = {"method": "eagle3"}
+    jobs = [*_jobs()[:3], {"name": "pair/hookoff_k3", "model": "pair", "variant": "fork", "greedy": "upstream",
+                           "k": 3, "spec": spec}]
+    runs = {"pair/nospec": rounds([100.0]), "pair/upstream_k3": rounds([100.0, 100.0, 100.0]),
+            "pair/fork_k3": rounds([99.0, 102.0, 104.0]), "pair/hookoff_k3": rounds([90.0, 100.0, 104.0])}
+    [row] = rows_of(runs, jobs)  # the hook-off engine is not a row of its own
+    assert row["fork_vs_upstream_median"] == 1.02
+    assert row["hookoff_vs_upstream_rounds"] == [0.9, 1.0, 1.04] and row["hookoff_vs_upstream_median"] == 1.0
+    assert row["fork_vs_hookoff_rounds"] == [1.1, 1.02, 1.0] and row["fork_vs_hookoff_spread"] == [1.0, 1.1]
+    assert row["fork_hookoff_tok_s"] == 104.0
+    summary = {"command": "x", "date": "2026-11-30T00:00:00+00:00", "device": "test", "versions": {},
+               "settings": {"fork_greedy": "auto", "tokens": 8, "slice_tokens": 4, "reps": 1}, "rows": [row],
+               "projection": {}, "goal": analysis.goal([row]), "same_as_nospec": {}, "greedy_check": {}, "runs": runs}
+    write_outputs(tmp_path, summary, chart=False)
+    table = [line for line in (tmp_path / "perf_vs_upstream.md").read_text().splitlines() if line.startswith("|")]
+    assert "fork, hook off, tok/s" in table[0] and len({line.count("|") for line in table}) == 1
+    assert table[2].endswith("| 104.0 | 1.0 (0.9-1.04) | 1.02 (1.0-1.1) |")
+
+
 def test_slice_ids_skip_the_embedding_output_and_need_four_layers() -> None:
     assert kimi_slice.aux_ids(4) == [1, 2, 3]
     with pytest.raises(ValueError, match="at least 4 layers"):
@@ -245,11 +272,12 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     import argparse
 
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[1, 3], slice_ks=[3],
-                              v1_ks=[3], v2_ks=[1], check=True, engine={}, pair=tmp_path, slice_tokens=4,
-                              slice_kv_gib=1, engines=None)
+                              v1_ks=[3], v2_ks=[1], check=True, hook_off=True, engine={}, pair=tmp_path,
+                              slice_tokens=4, slice_kv_gib=1, engines=None)
     jobs = plan(args, [[1, 2]], None)
     assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v1_k3",
-                                         "pair/check_k3", "pair/upstream_k1", "pair/fork_k1", "pair/fork_v2_k1"]
+                                         "pair/hookoff_k3", "pair/check_k3", "pair/upstream_k1", "pair/fork_k1",
+                                         "pair/fork_v2_k1"]
     assert args.engine["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
     assert {j["engine"]["gpu_memory_utilization"] for j in jobs} == {0.05}  # side by side at --parallel-start
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # not inherited: each variant sets or clears it
@@ -257,7 +285,12 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     runner = {j["name"]: variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
     # the fork runs as it does by default; held variants and the check engine (its count needs V1) set it
     assert runner == {"pair/nospec": None, "pair/upstream_k3": None, "pair/fork_k3": None, "pair/fork_v1_k3": "0",
-                      "pair/check_k3": "0", "pair/upstream_k1": None, "pair/fork_k1": None, "pair/fork_v2_k1": "1"}
+                      "pair/hookoff_k3": None, "pair/check_k3": "0", "pair/upstream_k1": None, "pair/fork_k1": None,
+                      "pair/fork_v2_k1": "1"}
+    # the hook-off engine: the fork on its default runner with patch 0009's hook off
+    hookoff = next(j for j in jobs if j["name"] == "pair/hookoff_k3")
+    assert variant_env(env_args, hookoff, tmp_path)["KIMI_DRAFT_GREEDY"] == "upstream"
+    assert hookoff["concurrency"] == [1, 4] and hookoff["spec"]["num_speculative_tokens"] == 3
     env_args.fork_greedy = "check"  # every fork engine counts on the host: all held on V1
     runner = {j["name"]: variant_env(env_args, j, tmp_path).get("VLLM_USE_V2_MODEL_RUNNER") for j in jobs}
     assert {n for n, r in runner.items() if r == "0"} == {n for n in runner if "/fork" in n or "/check" in n}
@@ -273,7 +306,8 @@ def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_pat
     import argparse
 
     args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[3], slice_ks=[3],
-                              v1_ks=[3], v2_ks=[], check=True, engine={}, slice_tokens=4, slice_kv_gib=1,
+                              v1_ks=[3], v2_ks=[], check=True, hook_off=False, engine={}, slice_tokens=4,
+                              slice_kv_gib=1,
                               engines=None)
     dirs = kimi_slice.write_slice(tmp_path, layers=(3, 4))
     names = [j["name"] for j in plan(args, None, dirs)]
@@ -302,8 +336,8 @@ def test_rounds_keep_the_fastest_and_every_rate() -> None:
 
 
 def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Engines up: measured one at a time in plan order, round after round, the last round marked; one that died
-    at start: its error; one still starting after --job-timeout-s: stopped."""
+    """Engines up: measured one at a time in plan order (reversed in odd rounds), round after round, the last round
+    marked; one that died at start: its error; one still starting after --job-timeout-s: stopped."""
     import argparse
     import time
 
@@ -340,9 +374,10 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     runs: dict = {}
     reported: list[str] = []
     run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
+    # round 1 runs in reverse order (a drift within a round cancels over two rounds)
     assert events == ["collect pair/upstream_k3", "stop pair/fork_v2_k3", "go0 more pair/nospec", "wait0 pair/nospec",
-                      "go0 more pair/fork_k3", "wait0 pair/fork_k3", "go1 last pair/nospec", "collect pair/nospec",
-                      "go1 last pair/fork_k3", "collect pair/fork_k3"]
+                      "go0 more pair/fork_k3", "wait0 pair/fork_k3", "go1 last pair/fork_k3", "collect pair/fork_k3",
+                      "go1 last pair/nospec", "collect pair/nospec"]
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/upstream_k3": "error",
                                                          "pair/fork_k3": "done", "pair/fork_v2_k3": "timeout"}
     assert sorted(reported) == sorted(j["name"] for j in jobs)

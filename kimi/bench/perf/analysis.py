@@ -24,23 +24,26 @@ def _ratio(a, b) -> float | None:
     return round(a / b, 4) if a and b else None
 
 
-def round_ratios(fork_c: dict, up_c: dict) -> dict:
-    """fork/upstream per interleaved round (round i of the fork against round i of upstream, measured one after
-    the other), their median and spread (min, max); empty where either side has no rounds."""
+def round_ratios(fork_c: dict, up_c: dict, name: str = "fork_vs_upstream") -> dict:
+    """fork/upstream per interleaved round (round i of the fork against round i of upstream, measured in the same
+    round), their median and spread (min, max), under the keys ``{name}_rounds``, ``{name}_median`` and
+    ``{name}_spread``; empty where either side has no rounds."""
     pairs = list(zip(fork_c.get("tok_s_rounds", []), up_c.get("tok_s_rounds", []), strict=False))
     ratios = [round(f / u, 4) for f, u in pairs if f and u]
     if not ratios:
         return {}
-    return {"fork_vs_upstream_rounds": ratios, "fork_vs_upstream_median": round(statistics.median(ratios), 4),
-            "fork_vs_upstream_spread": [min(ratios), max(ratios)]}
+    return {f"{name}_rounds": ratios, f"{name}_median": round(statistics.median(ratios), 4),
+            f"{name}_spread": [min(ratios), max(ratios)]}
 
 
 def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
     """One row per (model, concurrency, k) from the finished engines (see the module docstring for the fields).
 
     ``fork_*`` is the fork as it runs by default, ``fork_v1_*`` / ``fork_v2_*`` the fork held on vLLM's V1 / V2
-    runner. Step times (``t_verify_ms``, ``t_draft_ms``) come from the fork's engine, else the fork's on V1, else
-    upstream's (``steps_from``); V2 engines have none.
+    runner, ``fork_hookoff_*`` the fork with patch 0009's hook off (``--hook-off``) with its per-round ratios to
+    upstream (``hookoff_vs_upstream_*``) and the fork's to it (``fork_vs_hookoff_*``). Step times
+    (``t_verify_ms``, ``t_draft_ms``) come from the fork's engine, else the fork's on V1, else upstream's
+    (``steps_from``); V2 engines have none.
     """
     out = []
     done = {j["name"]: (j, runs[j["name"]]) for j in jobs if runs.get(j["name"], {}).get("status") == "done"}
@@ -87,6 +90,11 @@ def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
                 "rounds": [len(e.get("tok_s_rounds", [None])) for e in (fork_c, up_c) if e],  # fork, upstream
                 **round_ratios(fork_c, up_c),
             })
+            hookoff = at(f"{model}/hookoff_k{k}", c)
+            if hookoff:  # the fork with patch 0009's hook off: the hook's share and the rest of the fork's
+                out[-1].update({"fork_hookoff_tok_s": tok_s(hookoff), "tau_hookoff": round(hookoff["tau"], 3)
+                                if hookoff.get("tau") else None, **round_ratios(hookoff, up_c, "hookoff_vs_upstream"),
+                                **round_ratios(fork_c, hookoff, "fork_vs_hookoff")})
             for runner, e in held.items():
                 out[-1].update({f"fork_{runner}_tok_s": tok_s(e),
                                 f"fork_{runner}_vs_upstream": _ratio(e.get("tok_s"), up_c.get("tok_s")),

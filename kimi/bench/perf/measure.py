@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kimi.bench.hardware import device
 from kimi.bench.perf import log
+from kimi.bench.results import write_lines
 from kimi.bench.timers import collect_timer, install_timer, step_times
 from kimi.bench.workers import JobReport, await_turn
 from kimi.e2e.engine import engine_info, spec_metrics
@@ -62,6 +63,10 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
             if order == "last":
                 break
             report.emit("round", round=rnd)
+        if job.get("profile_dir"):
+            c = max(job["concurrency"])
+            result["profile"] = profile_batch(llm, job, c, Path(job["profile_dir"]))
+            log(f"{job['name']}: profile of one batch at c={c}: {result['profile']}")
         if os.environ.get("KIMI_DRAFT_GREEDY") == "check":
             result["greedy_check"] = llm.collective_rpc(greedy_counts)[0]
     finally:
@@ -69,14 +74,53 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     return result
 
 
+def batch_of(job: dict, c: int):
+    """``c`` requests of ``job``'s prompts (repeated past their number) and their greedy sampling parameters
+    (``job["tokens"]`` output tokens, EOS ignored)."""
+    from vllm import SamplingParams
+
+    prompts = job["prompts"]
+    batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
+    return batch, SamplingParams(temperature=0, max_tokens=job["tokens"], ignore_eos=True, detokenize=False)
+
+
+def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
+    """One batch of ``c`` requests under cProfile (the engine runs in this process and thread:
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): writes ``folder/<engine>.cprofile.txt``, the 50 functions with the
+    most own time and the 50 with the most cumulative time, headed by the batch's wall time with and without the
+    profiler (its overhead inflates Python-heavy engines more). Returns the file's path."""
+    import cProfile
+    import io
+    import pstats
+
+    batch, params = batch_of(job, c)
+    t0 = time.perf_counter()
+    llm.generate(batch, params, use_tqdm=False)
+    plain = time.perf_counter() - t0
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    llm.generate(batch, params, use_tqdm=False)
+    profiler.disable()
+    profiled = time.perf_counter() - t0
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(50)
+    stats.sort_stats("cumulative").print_stats(50)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{job['name'].replace('/', '-')}.cprofile.txt"
+    write_lines(path, [f"# {job['name']}: one batch of {c} requests x {job['tokens']} tokens",
+                       f"wall {plain:.3f} s without the profiler, {profiled:.3f} s with it", "", text.getvalue()])
+    return str(path)
+
+
 def measure(llm, job: dict, c: int, timed: bool) -> dict:
     """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
     counters over them, and with ``timed`` a shorter batch under the step timer (:mod:`kimi.bench.timers`)."""
     from vllm import SamplingParams
 
-    prompts, tokens = job["prompts"], job["tokens"]
-    batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+    tokens = job["tokens"]
+    batch, params = batch_of(job, c)
     llm.generate(batch, params, use_tqdm=False)  # warm-up: lazily compiled kernels, every batch shape
     before = spec_metrics(llm.get_metrics())
     walls = []

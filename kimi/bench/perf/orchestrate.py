@@ -121,9 +121,9 @@ def run_serial(args: argparse.Namespace, jobs: list[dict], deadline: float, runs
 
 def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, runs: dict, report) -> None:
     """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
-    CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, in
-    order, the others waiting idle, for ``--rounds`` rounds (engine by engine, round after round: a drift of the
-    host over minutes then touches every engine alike; each concurrency keeps its fastest round; see
+    CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, the
+    others waiting idle, for ``--rounds`` rounds (engine by engine in plan order, reversed every other round: a
+    drift of the host over minutes then touches every engine alike; each concurrency keeps its fastest round; see
     :func:`measure_rounds`). Engines not collected when it ends (an error, an interrupt) are killed."""
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each)")
@@ -169,7 +169,8 @@ def measure_rounds(args: argparse.Namespace, live: list[dict], workers: dict, de
                 report(job)
             return
         final = rnd == args.rounds - 1
-        for job in active:
+        # plan order, reversed every other round: a drift within a round then favours no engine over two rounds
+        for job in active if rnd % 2 == 0 else active[::-1]:
             worker = workers[job["name"]]
             log(f"{job['name']}: measuring (round {rnd + 1}{', last' if final else ''})")
             worker.go(rnd, "last" if final else "more")

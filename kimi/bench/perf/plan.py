@@ -96,8 +96,10 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
 
 def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
     """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v1_k{k}``,
-    ``fork_v2_k{k}``), and ``check_k3`` (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency:
-    does patch 0009 give upstream's draft ids on this device?) after k = 3."""
+    ``fork_v2_k{k}``); after k = 3 ``hookoff_k3`` (with ``--hook-off``: the fork with ``KIMI_DRAFT_GREEDY=upstream``,
+    patch 0009's hook off, on the fork's default runner: what the rest of the fork costs or gains) and ``check_k3``
+    (the fork with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency: does patch 0009 give upstream's draft ids
+    on this device?)."""
     model = common["model"]
     jobs = [{**common, "name": f"{model}/nospec", "variant": "nospec", "k": 0, "spec": None}]
     held_ks = {"v1": args.v1_ks, "v2": [] if args.cpu_smoke else args.v2_ks}  # V2 needs triton (CUDA)
@@ -106,6 +108,9 @@ def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[in
         variants = ("upstream", "fork", *(f"fork_{r}" for r in HELD_RUNNERS if k in held_ks[r]))
         for variant in variants:
             jobs.append({**common, "name": f"{model}/{variant}_k{k}", "variant": variant, "k": k, "spec": spec})
+        if k == 3 and args.hook_off:
+            jobs.append({**common, "name": f"{model}/hookoff_k3", "variant": "fork", "greedy": "upstream", "k": 3,
+                         "spec": spec})
         if k == 3 and args.check:
             jobs.append({**common, "name": f"{model}/check_k3", "variant": "fork", "greedy": "check", "k": 3,
                          "spec": spec, "concurrency": [max(common["concurrency"])]})

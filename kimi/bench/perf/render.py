@@ -17,6 +17,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     write_json(out / "perf_vs_upstream.json", summary)
     # the held-runner columns (fork_v1, fork_v2) that some row has
     held = [h for h in HELD_RUNNERS if any(r.get(f"fork_{h}_tok_s") for r in summary["rows"])]
+    hookoff = any(r.get("fork_hookoff_tok_s") for r in summary["rows"])
     settings, versions = summary["settings"], summary["versions"]
     lines = [*header("Fork versus upstream vLLM on one GPU (issue G)", summary["command"], summary["date"]),
              f"- hardware: {summary['device']}",
@@ -30,18 +31,21 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
              ("| model | c | k | fork tok/s (runner) | upstream tok/s | no-spec tok/s | fork/upstream "
               "| median per round (min-max) | fork/no-spec "
               "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "
-              + "".join(f"| fork on {r.upper()} tok/s (/ upstream) | tau on {r.upper()} " for r in held) + "|"),
-             "|---" * (14 + 2 * len(held)) + "|"]
+              + "".join(f"| fork on {r.upper()} tok/s (/ upstream) | tau on {r.upper()} " for r in held)
+              + ("| fork, hook off, tok/s | hook off/upstream per round | fork/hook off per round " if hookoff else "")
+              + "|"),
+             "|---" * (14 + 2 * len(held) + 3 * hookoff) + "|"]
     for r in summary["rows"]:
         ratio = f"{r['fork_vs_upstream']}{' (not counted)' if r.get('invalid') else ''}"
-        spread = r.get("fork_vs_upstream_spread")
-        rounds = f"{r['fork_vs_upstream_median']} ({spread[0]}-{spread[1]})" if spread else "-"
+        rounds = per_round(r, "fork_vs_upstream")
         lines.append(f"| {r['model']} | {r['concurrency']} | {r['k']} | {r['fork_tok_s']} ({r.get('fork_runner')}) "
                      f"| {r['upstream_tok_s']} | {r['nospec_tok_s']} | {ratio} | {rounds} | {r['fork_vs_nospec']} "
                      f"| {r['tau']} | {r['t_target_ms']} | {r['t_verify_ms']} "
                      f"| {r['t_draft_ms']} ({r.get('steps_from')}) / {r['t_draft_ms_upstream']} | {r['ideal_speedup']} "
                      + "".join(f"| {r.get(f'fork_{h}_tok_s')} ({r.get(f'fork_{h}_vs_upstream')}) | {r.get(f'tau_{h}')} "
-                               for h in held) + "|")
+                               for h in held)
+                     + (f"| {r.get('fork_hookoff_tok_s')} | {per_round(r, 'hookoff_vs_upstream')} "
+                        f"| {per_round(r, 'fork_vs_hookoff')} " if hookoff else "") + "|")
     invalid = {f"{r['model']}/fork_k{r['k']}": r["invalid"] for r in summary["rows"] if r.get("invalid")}
     if invalid or summary.get("notes"):
         lines += ["", "Notes:", ""] + [f"- {engine}: not counted: {why}" for engine, why in invalid.items()]
@@ -67,6 +71,13 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     write_lines(out / "perf_vs_upstream.md", lines)
     if chart:
         draw_chart(summary, out / "perf_vs_upstream.png")
+
+
+def per_round(row: dict, name: str) -> str:
+    """``median (min-max)`` of a row's per-round ratios ``name`` (:func:`kimi.bench.perf.analysis.round_ratios`),
+    ``-`` without rounds."""
+    spread = row.get(f"{name}_spread")
+    return f"{row[f'{name}_median']} ({spread[0]}-{spread[1]})" if spread else "-"
 
 
 def draw_chart(summary: dict, path: Path) -> bool:
