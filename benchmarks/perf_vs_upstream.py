@@ -62,9 +62,11 @@ ideal speed-up is 1.
 
 Writes ``perf_vs_upstream.json``, ``perf_vs_upstream.md`` and ``perf_vs_upstream.png`` (with matplotlib) under
 ``--out``; the JSON is rewritten after every engine, so a call stopped by its time limit keeps what finished.
-``--chart-only FILE`` redraws the PNG and markdown from a JSON. ``--cpu-smoke`` runs the same logic on CPU
-(tiny slice, float32, eager, both variants on the fork) and writes under ``--out`` only; ``--no-chart``
-leaves out the PNG (a device call returns few files: draw it from the combined JSON).
+``--pool A.json B.json ...`` joins calls of the same plan (the same engines measured again): each row's per-round
+ratios become every call's rounds. ``--chart-only FILE`` redraws the PNG and markdown from a JSON.
+``--cpu-smoke`` runs the same logic on CPU (tiny slice, float32, eager, both variants on the fork) and writes
+under ``--out`` only; ``--no-chart`` leaves out the PNG (a device call returns few files: draw it from the
+combined JSON).
 Needs ``kimi`` importable (a site made by ``kimi install-into`` on ``PYTHONPATH``, the fork's venv, or
 ``PYTHONPATH=.``); the logic is ``kimi.bench.perf``.
 """
@@ -79,7 +81,7 @@ import time
 from pathlib import Path
 
 from kimi.bench.perf import log, measure
-from kimi.bench.perf.analysis import combine, summarize
+from kimi.bench.perf.analysis import combine, pool, summarize
 from kimi.bench.perf.orchestrate import run_all
 from kimi.bench.perf.plan import CONCURRENCY, PAIR_KS, SLICE_KS, engine_settings, inputs, plan
 from kimi.bench.perf.render import write_outputs
@@ -132,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chart-only", type=Path, metavar="JSON", help="redraw PNG and markdown from a result JSON")
     p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge the results of several calls (e.g. one per model) into --out")
+    p.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                   help="join calls of the same plan into --out: every call's per-round ratios pooled per row")
     p.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",
                    help="with --combine: a fork engine whose rows do not count, and why")
     p.add_argument("--note", action="append", default=[], help="with --combine: a note printed under the table")
@@ -147,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.chart_only:
         summary = json.loads(args.chart_only.read_text())
         write_outputs(args.chart_only.parent, summary)
+        return 0
+    if args.pool:
+        try:
+            summary = pool([json.loads(path.read_text()) for path in args.pool])
+        except ValueError as exc:
+            cli.error(str(exc))
+        write_outputs(args.out, summary, chart=args.chart)
         return 0
     if args.combine:
         bad = [item for item in args.invalid if "=" not in item]

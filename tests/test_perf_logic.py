@@ -483,6 +483,29 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
     assert "round 2, last" in run.stdout
 
 
+def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
+    """--pool: the per-round ratios of two calls in one list per row (median, spread and goal recomputed), the
+    rest of the row from the first call; results of another device are refused."""
+    from kimi.bench.perf.analysis import pool
+
+    def part(rounds: list[float], hookoff: list[float], device: str = "H200") -> dict:
+        row = {"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": max(rounds), "fork_tok_s": 10.0,
+               "fork_vs_upstream_rounds": rounds, "fork_vs_upstream_median": 0.0, "fork_vs_upstream_spread": [0, 0],
+               "fork_vs_hookoff_rounds": hookoff}
+        return {"device": device, "versions": {"fork": "0.32.0+kimi.1"}, "command": f"call {rounds}",
+                "date": "2026-12-01T00:00:00+00:00", "seconds": 1.0, "rows": [row]}
+
+    got = pool([part([0.9, 1.2], [1.0]), part([1.05, 1.1, 0.99], [])])
+    [row] = got["rows"]
+    assert row["fork_vs_upstream_rounds"] == [0.9, 1.2, 1.05, 1.1, 0.99] and row["fork_vs_upstream_median"] == 1.05
+    assert row["fork_vs_upstream_spread"] == [0.9, 1.2] and row["fork_vs_hookoff_rounds"] == [1.0]
+    assert row["calls"] == 2 and row["fork_vs_upstream"] == 1.2  # the first call's best-of ratio
+    assert got["goal"]["pair_k3_median_min"] == 1.05 and got["goal"]["pair_k3_median_met"] is False  # 0.9 < 0.98
+    assert got["command"] == "call [0.9, 1.2] ; call [1.05, 1.1, 0.99]" and "pooled over 2 calls" in got["notes"][0]
+    with pytest.raises(ValueError, match="cannot combine"):
+        pool([part([1.0], []), part([1.0], [], device="H100")])
+
+
 def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
     from kimi.bench.perf.analysis import goal, round_ratios
 

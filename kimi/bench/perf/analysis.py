@@ -24,12 +24,20 @@ def _ratio(a, b) -> float | None:
     return round(a / b, 4) if a and b else None
 
 
+#: The per-round ratios a row may carry (:func:`round_ratios`); :func:`pool` joins them over calls.
+ROUND_RATIOS = ("fork_vs_upstream", "hookoff_vs_upstream", "fork_vs_hookoff")
+
+
 def round_ratios(fork_c: dict, up_c: dict, name: str = "fork_vs_upstream") -> dict:
     """fork/upstream per interleaved round (round i of the fork against round i of upstream, measured in the same
     round), their median and spread (min, max), under the keys ``{name}_rounds``, ``{name}_median`` and
     ``{name}_spread``; empty where either side has no rounds."""
     pairs = list(zip(fork_c.get("tok_s_rounds", []), up_c.get("tok_s_rounds", []), strict=False))
-    ratios = [round(f / u, 4) for f, u in pairs if f and u]
+    return ratio_stats(name, [round(f / u, 4) for f, u in pairs if f and u])
+
+
+def ratio_stats(name: str, ratios: list[float]) -> dict:
+    """``{name}_rounds``, ``{name}_median`` and ``{name}_spread`` ([min, max]) of ``ratios``; empty without any."""
     if not ratios:
         return {}
     return {f"{name}_rounds": ratios, f"{name}_median": round(statistics.median(ratios), 4),
@@ -205,6 +213,45 @@ def summarize(args: argparse.Namespace, jobs: list[dict], runs: dict[str, dict],
     }
 
 
+def check_same_setup(parts: list[dict]) -> None:
+    """Raises ValueError unless every part ran on the first one's device and vLLM versions."""
+    first = parts[0]
+    for part in parts[1:]:
+        if part["device"] != first["device"] or any(part["versions"].get(k, v) != v
+                                                    for k, v in first["versions"].items()):
+            raise ValueError(f"cannot combine results of {part['device']} {part['versions']} with "
+                             f"{first['device']} {first['versions']}")
+
+
+def pool(parts: list[dict]) -> dict:
+    """One result from several calls of the same plan (the same engines measured again): per (model, concurrency,
+    k) the per-round ratios of every call (:data:`ROUND_RATIOS`) in one list, their median and spread recomputed,
+    and the goal from those; the other columns (tok/s, tau) stay the first call's, which a note says. Rows that
+    only some calls have are kept with those calls' rounds (``calls`` counts them).
+
+    Raises:
+        ValueError: the parts come from different devices or vLLM versions.
+    """
+    check_same_setup(parts)
+    grouped: dict[tuple, list[dict]] = {}
+    for part in parts:
+        for row in part["rows"]:
+            grouped.setdefault((row["model"], row["k"], row["concurrency"]), []).append(row)
+    rows = []
+    for key in sorted(grouped):
+        group = grouped[key]
+        pooled = {f"{name}_{part}" for name in ROUND_RATIOS for part in ("rounds", "median", "spread")}
+        row = {k: v for k, v in group[0].items() if k not in pooled}
+        for name in ROUND_RATIOS:
+            row.update(ratio_stats(name, [x for r in group for x in r.get(f"{name}_rounds", [])]))
+        rows.append({**row, "calls": len(group)})
+    note = (f"pooled over {len(parts)} calls: the per-round ratios are every call's rounds; tok/s, tau and the other "
+            "columns are the first call's")
+    return {**parts[0], "rows": rows, "goal": goal(rows), "projection": {}, "same_as_nospec": {}, "greedy_check": {},
+            "runs": {}, "notes": [note], "command": " ; ".join(part["command"] for part in parts),
+            "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
+
+
 def combine(parts: list[dict], invalid: dict[str, str] | None = None, notes: list[str] | None = None) -> dict:
     """One result from the results of several calls (one GPU call per model fits the device's time limit):
     rows, runs, checks and projections are joined, the goal is recomputed, each call's command is kept.
@@ -215,12 +262,8 @@ def combine(parts: list[dict], invalid: dict[str, str] | None = None, notes: lis
     Raises:
         ValueError: the parts come from different devices or vLLM versions, or an ``invalid`` engine has no rows.
     """
+    check_same_setup(parts)
     first = parts[0]
-    for part in parts[1:]:
-        if part["device"] != first["device"] or any(part["versions"].get(k, v) != v
-                                                    for k, v in first["versions"].items()):
-            raise ValueError(f"cannot combine results of {part['device']} {part['versions']} with "
-                             f"{first['device']} {first['versions']}")
     rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: (r["model"], r["k"], r["concurrency"]))
     merged = {key: {k: v for part in parts for k, v in part.get(key, {}).items()}
               for key in ("versions", "projection", "same_as_nospec", "greedy_check", "runs")}

@@ -90,14 +90,16 @@ def draw_chart(summary: dict, path: Path) -> bool:
     models = sorted({r["model"] for r in summary["rows"]})
     if not models:
         return False
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(max(6 * len(models), 8), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         rows = sorted((r for r in summary["rows"] if r["model"] == model and r["k"] == 3),
                       key=lambda r: r["concurrency"])
         c = [r["concurrency"] for r in rows]
         # fixed colours: a series missing from one panel does not shift the others
-        for key, label, style in (("fork_tok_s", "fork", "C0o-"), ("upstream_tok_s", "upstream 0.26.0", "C1s--"),
+        upstream = f"upstream {summary['versions'].get('upstream')}"
+        for key, label, style in (("fork_tok_s", "fork", "C0o-"), ("upstream_tok_s", upstream, "C1s--"),
                                   ("nospec_tok_s", "no speculation", "C2^:"),
+                                  ("fork_hookoff_tok_s", "fork with patch 0009's hook off", "C5x-."),
                                   ("fork_v1_tok_s", "fork held on vLLM's V1 model runner", "C4v-."),
                                   ("fork_v2_tok_s", "fork held on vLLM's V2 model runner", "C3d-.")):
             points = [(r["concurrency"], r.get(key)) for r in rows
