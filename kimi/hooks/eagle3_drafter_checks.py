@@ -41,6 +41,10 @@ class DrafterConfigError(ValueError):
 # warning, and an unknown layout is left to vLLM's own loader.
 SERVE_BLOCKING = ("config", "ids", "shape", "vocab", "rope")
 
+#: ``model_type`` of the targets whose decoder is vLLM's ``DeepseekV2Model`` (DeepSeek-V2/V3/R1, Kimi-K2, and the
+#: text model of Kimi-K2.5), which in vLLM 0.32.0 does not pass aux states from one pipeline stage to the next.
+DEEPSEEK_DECODERS = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
+
 
 def _logger():
     from vllm.logger import init_logger
@@ -81,13 +85,15 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
     Raises:
         DrafterConfigError: malformed or unusable ids (out of range, repeated,
             not matching the drafter's ``fc``), a drafter made for another
-            hidden size or vocabulary, bad ``d2t``/``t2d``, or a RoPE that
-            cannot cover the served context.
+            hidden size or vocabulary, bad ``d2t``/``t2d``, a RoPE that
+            cannot cover the served context, or pipeline parallelism on a
+            DeepSeek-V3 / Kimi target (:func:`check_pipeline_parallel`).
     """
     log = _logger()
     draft, target_config = spec_config.draft_model_config, spec_config.target_model_config
     hf, text = draft.hf_config, target_config.hf_text_config
     name = draft.model
+    check_pipeline_parallel(spec_config)
     target = Target(num_layers=int(text.num_hidden_layers), hidden_size=int(text.hidden_size),
                     vocab_size=int(text.vocab_size), max_positions=None, model_type=str(text.model_type))
     served = int(target_config.max_model_len)
@@ -129,3 +135,34 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
                     served)
         hf.max_position_embeddings = served
     return ids
+
+
+def check_pipeline_parallel(spec_config: Any) -> None:
+    """Refuse EAGLE-3 with ``pipeline_parallel_size > 1`` on a target whose decoder is ``DeepseekV2Model``
+    (:data:`DEEPSEEK_DECODERS`), which vLLM 0.32.0 cannot serve, before anything loads.
+
+    Upstream 0.32.0 fails there in both model runners, and only after the target's weights are loaded: the V2 runner
+    (the default on CUDA) raises "DeepseekV3ForCausalLM does not support eagle3 with pipeline parallelism"
+    (``verify_supports_aux_hidden_states_over_pp``, ``vllm/v1/worker/gpu/model_runner.py``: ``DeepseekV2Model`` does
+    not relay the aux states of earlier stages, vllm#45985), and the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``, every
+    CPU engine) builds the drafter on the last stage only and dies on the others with "'CPUModelRunner' object has no
+    attribute 'drafter'" (vllm#30436, open).
+
+    Raises:
+        DrafterConfigError: the message names the layout and the fix (one pipeline stage).
+    """
+    parallel = spec_config.target_parallel_config
+    stages = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
+    target_config = spec_config.target_model_config
+    model_type = str(getattr(target_config.hf_text_config, "model_type", ""))
+    if stages <= 1 or model_type not in DEEPSEEK_DECODERS:
+        return
+    tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+    raise DrafterConfigError(
+        f"EAGLE-3 with pipeline_parallel_size={stages} on the {model_type} target {target_config.model}: vLLM "
+        "0.32.0 cannot serve it and would fail only after loading the target's weights (its DeepSeek decoder does "
+        "not pass the aux states of earlier pipeline stages to the drafter, vllm#45985, and the V1 model runner "
+        "has no drafter on the earlier stages, vllm#30436). Fix: serve with --pipeline-parallel-size 1 and "
+        f"spread the model with tensor parallelism instead (--tensor-parallel-size {tp * stages} over the same "
+        "GPUs, across nodes if need be), or leave out --speculative-config."
+    )
