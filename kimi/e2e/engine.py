@@ -9,6 +9,7 @@ with the model folder's tokenizer, so both implementations see the same token id
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass, field
 
 from kimi.e2e.presets import CPU_ENGINE
@@ -26,11 +27,13 @@ class GreedyRun:
         counters: spec-decode counters (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``);
             zeros without speculation.
         top_logits: per prompt and position, ``{token_id: raw logit}`` for the top tokens, when asked for.
+        start_s: seconds the engine took to start (``LLM(...)``: config, weights, KV cache, compilation).
     """
 
     tokens: list[list[int]]
     counters: dict[str, float]
     top_logits: list[list[dict[int, float]]] = field(default_factory=list)
+    start_s: float = 0.0
 
 
 def tokenize(model: str, prompts: list[str]) -> list[list[int]]:
@@ -53,7 +56,9 @@ def vllm_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, specul
 
     if top_logits:
         engine["logprobs_mode"] = "raw_logits"
+    began = time.monotonic()
     llm = LLM(model=model, speculative_config=speculative, disable_log_stats=False, **engine)
+    start_s = time.monotonic() - began
     try:
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
                                 logprobs=top_logits or None)
@@ -67,7 +72,7 @@ def vllm_greedy(model: str, prompt_ids: list[list[int]], max_tokens: int, specul
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-    return GreedyRun(tokens, counters, logits)
+    return GreedyRun(tokens, counters, logits, round(start_s, 1))
 
 
 #: ``LLM.get_metrics()`` counter name -> key in :func:`spec_metrics`'s result.

@@ -1,0 +1,75 @@
+"""Issue K: EAGLE-3 across tensor- and pipeline-parallel layouts on CPU (``kimi.bench.parallel``,
+``benchmarks/parallel.py``). The logic runs here without vLLM; the engines in the ``install`` tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kimi.bench import parallel
+from kimi.bench.parallel import LAYOUTS, model_rows, omp_bind, tau
+from kimi.e2e.engine import GreedyRun
+
+
+def test_omp_bind_splits_the_cpus_and_shares_them_when_short() -> None:
+    assert omp_bind(2, [0, 1]) == "0|1"
+    assert omp_bind(2, [4, 5, 6, 7]) == "4,5|6,7"
+    assert omp_bind(4, [0, 1]) == "0|1|0|1"  # TP 2 x PP 2 on two CPUs: each CPU serves two workers
+    assert omp_bind(3, [0, 1, 2, 3, 4]) == "0|1|2"
+
+
+def test_bound_threads_keeps_a_binding_the_caller_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "7|8")
+    with parallel.bound_threads(2):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "7|8"
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    with parallel.bound_threads(2):
+        assert "|" in os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+
+
+def test_rows_compare_every_layout_with_one_rank_and_keep_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TP 2 flips one sequence with speculation; PP layouts with a drafter are refused; every layout is a row."""
+    def fake(target, prompt_ids, tokens, tp, pp, spec):
+        if spec and pp > 1:
+            return None, {"status": "refused", "error": parallel.REFUSED + "2 ...", "seconds": 0.1}
+        tokens_ = [[1, 2], [3, 4]] if not (spec and tp == 2) else [[1, 2], [3, 5]]
+        run = GreedyRun(tokens_, {"num_drafts": 4.0, "num_draft_tokens": 12.0, "num_accepted_tokens": 6.0}
+                        if spec else {"num_drafts": 0.0}, start_s=1.5)
+        return run, {"status": "done", "start_s": 1.5, "seconds": 2.0, "counters": run.counters}
+
+    monkeypatch.setattr(parallel, "serve_layout", fake)
+    rows = model_rows("pair", "t", {"llama": "d"}, [[9]], 2, 3, lambda msg: None)
+    assert [(r["tp"], r["pp"], r["drafter"]) for r in rows] == [(tp, pp, s) for tp, pp in LAYOUTS
+                                                                  for s in ("none", "llama")]
+    by = {(r["tp"], r["pp"], r["drafter"]): r for r in rows}
+    assert by[(1, 1, "llama")]["identical_to_tp1"] == {"identical": 2, "total": 2}
+    assert by[(1, 1, "llama")]["tau"] == 2.5 and by[(1, 1, "none")].get("tau") is None
+    assert by[(2, 1, "llama")]["identical_to_tp1"] == {"identical": 1, "total": 2}
+    assert by[(2, 1, "llama")]["identical_to_layout_nospec"] == {"identical": 1, "total": 2}
+    assert by[(1, 2, "none")]["identical_to_tp1"] == {"identical": 2, "total": 2}
+    assert by[(2, 2, "llama")]["status"] == "refused" and "identical_to_tp1" not in by[(2, 2, "llama")]
+    assert tau({"num_drafts": 0.0}) is None
+
+
+@pytest.mark.install
+def test_tp2_is_lossless_and_pp2_is_refused_on_the_trained_pair(trained_pair: Path) -> None:
+    """The shipped pair on vLLM's CPU backend: EAGLE-3 at TP 2 gives the greedy tokens of the target alone on one
+    rank and the same acceptance counts as TP 1; at PP 2 the fork refuses before anything loads."""
+    from kimi.e2e.engine import tokenize
+    from kimi.e2e.prompts import code_prompts
+
+    target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
+    prompt_ids = tokenize(target, code_prompts(4))
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
+    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None)
+    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec)
+    two, entry = parallel.serve_layout(target, prompt_ids, 24, 2, 1, spec)
+    assert entry["status"] == "done", entry
+    assert two.tokens == base.tokens and one.tokens == base.tokens
+    assert two.counters == one.counters and two.counters["num_drafts"] > 0
+    refused, entry = parallel.serve_layout(target, prompt_ids, 24, 1, 2, spec)
+    assert refused is None and entry["status"] == "refused" and entry["seconds"] < 60
+    assert "--pipeline-parallel-size 1" in entry["error"]
