@@ -11,19 +11,20 @@ greedy prompts without speculation and with each drafter. Each run is compared w
 greedy output identical, τ from vLLM's counters, start-up seconds. Layouts that vLLM 0.32.0 cannot serve with
 EAGLE-3 (pipeline parallelism on these targets) are refused by the fork before loading; the row keeps the message.
 
-Writes ``parallel.json`` and ``parallel.md`` to ``--out`` (default ``benchmarks/results``). The runs are
-``kimi.bench.parallel``.
+Writes ``parallel.json`` and ``parallel.md`` to ``--out`` (default ``benchmarks/results``), both rewritten after each
+model; ``--render FILE`` rewrites them from a ``parallel.json``. The runs are ``kimi.bench.parallel``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name
-from kimi.bench.parallel import model_rows, reference_drafters
+from kimi.bench.parallel import failure, model_rows, reference_drafters
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
@@ -62,7 +63,15 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("-k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="rewrite the markdown of a parallel.json")
     args = parser.parse_args()
+    if args.render:
+        result = json.loads(args.render.read_text())
+        for row in result["rows"]:
+            row.update(failure(row["error"]) if "error" in row else {})
+        write_json(args.render, result)
+        write_lines(args.render.with_suffix(".md"), markdown(result))
+        return 0
     if not (args.models / "MANIFEST.json").is_file():
         parser.error(f"no reference models in {args.models}: run `python3 -m kimi models make` first")
     import os

@@ -54,19 +54,26 @@ def test_rows_compare_every_layout_with_one_rank_and_keep_refusals(monkeypatch: 
     assert tau({"num_drafts": 0.0}) is None
 
 
+def test_a_refusal_keeps_the_forks_message_and_other_failures_their_tail() -> None:
+    wrapped = "1 validation error for SpeculativeConfig\n  Value error, " + parallel.REFUSED + "2 on ... Fix: x"
+    assert parallel.failure(wrapped) == {"status": "refused", "error": parallel.REFUSED + "2 on ... Fix: x"}
+    assert parallel.failure("x" * 2000 + "boom") == {"status": "error", "error": ("x" * 2000 + "boom")[-1500:]}
+
+
 @pytest.mark.install
 def test_tp2_is_lossless_and_pp2_is_refused_on_the_trained_pair(trained_pair: Path) -> None:
     """The shipped pair on vLLM's CPU backend: EAGLE-3 at TP 2 gives the greedy tokens of the target alone on one
     rank and the same acceptance counts as TP 1; at PP 2 the fork refuses before anything loads."""
     from kimi.e2e.engine import tokenize
+    from kimi.e2e.presets import CPU_EAGER
     from kimi.e2e.prompts import code_prompts
 
     target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
     prompt_ids = tokenize(target, code_prompts(4))
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
-    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None)
-    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec)
-    two, entry = parallel.serve_layout(target, prompt_ids, 24, 2, 1, spec)
+    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None, CPU_EAGER)
+    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec, CPU_EAGER)
+    two, entry = parallel.serve_layout(target, prompt_ids, 24, 2, 1, spec, CPU_EAGER)
     assert entry["status"] == "done", entry
     assert two.tokens == base.tokens and one.tokens == base.tokens
     assert two.counters == one.counters and two.counters["num_drafts"] > 0

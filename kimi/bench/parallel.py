@@ -51,23 +51,30 @@ def bound_threads(workers: int):
 
 
 def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int, pp: int,
-                 spec: dict | None) -> tuple[GreedyRun | None, dict]:
-    """One engine at ``tp`` x ``pp`` (multiprocessing executor, float32, torch.compile: vLLM 0.32.0's CPU workers
-    allocate the pipeline's intermediate tensors in the compile warm-up, so an eager engine with
-    ``pipeline_parallel_size > 1`` fails its first step on the later stages): ``(run, entry)`` where ``entry``
+                 spec: dict | None, engine: dict = CPU_ENGINE) -> tuple[GreedyRun | None, dict]:
+    """One engine at ``tp`` x ``pp`` (multiprocessing executor; ``engine``: float32 with torch.compile by default,
+    since vLLM 0.32.0's CPU workers allocate the pipeline's intermediate tensors in the compile warm-up, so an eager
+    engine with ``pipeline_parallel_size > 1`` fails its first step on the later stages): ``(run, entry)`` where
+    ``entry``
     holds ``status`` (``done``, ``refused`` before loading, or ``error``), the seconds, and on ``done`` the
     start-up seconds and counters; ``run`` is None unless done."""
     began = time.monotonic()
-    engine = {**CPU_ENGINE, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}
+    layout = {**engine, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}
     try:
         with bound_threads(tp * pp):
-            run = vllm_greedy(target, prompt_ids, tokens, speculative=spec, **engine)
+            run = vllm_greedy(target, prompt_ids, tokens, speculative=spec, **layout)
     except Exception as exc:  # a refusal names the fix; anything else is reported, not raised
-        text = str(exc)
-        status = "refused" if REFUSED in text else "error"
-        return None, {"status": status, "error": text[-1500:], "seconds": round(time.monotonic() - began, 1)}
+        return None, {**failure(str(exc)), "seconds": round(time.monotonic() - began, 1)}
     return run, {"status": "done", "start_s": run.start_s, "seconds": round(time.monotonic() - began, 1),
                  "counters": dict(run.counters)}
+
+
+def failure(text: str) -> dict:
+    """``{"status", "error"}`` of an engine that did not start: ``refused`` with the fork's message from its first
+    words (pydantic puts "1 validation error for SpeculativeConfig" before it), else ``error`` with the text's
+    last 1500 characters."""
+    at = text.find(REFUSED)
+    return {"status": "refused", "error": text[at:].strip()} if at >= 0 else {"status": "error", "error": text[-1500:]}
 
 
 def tau(counters: dict) -> float | None:
