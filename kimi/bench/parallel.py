@@ -55,9 +55,8 @@ def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int,
     """One engine at ``tp`` x ``pp`` (multiprocessing executor; ``engine``: float32 with torch.compile by default,
     since vLLM 0.32.0's CPU workers allocate the pipeline's intermediate tensors in the compile warm-up, so an eager
     engine with ``pipeline_parallel_size > 1`` fails its first step on the later stages): ``(run, entry)`` where
-    ``entry``
-    holds ``status`` (``done``, ``refused`` before loading, or ``error``), the seconds, and on ``done`` the
-    start-up seconds and counters; ``run`` is None unless done."""
+    ``entry`` holds ``status`` (``done``, ``refused`` before loading, or ``error``), the seconds, and on ``done``
+    the start-up seconds and counters; ``run`` is None unless done."""
     began = time.monotonic()
     layout = {**engine, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}
     try:
