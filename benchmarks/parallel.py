@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name
-from kimi.bench.parallel import failure, model_rows, reference_drafters
+from kimi.bench.parallel import executor, failure, model_rows, reference_drafters
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
@@ -50,7 +50,7 @@ def markdown(result: dict) -> list[str]:
     for r in result["rows"]:
         lines.append(f"| {r['model']} | {r['drafter']} | {r['tp']} | {r['pp']} | {r['executor']} | {r['status']} "
                      f"| {frac(r.get('identical_to_tp1'))} | {frac(r.get('identical_to_layout_nospec'))} "
-                     f"| {r.get('tau', '-')} | {r.get('start_s', '-')} | {r.get('error', '')[:160]} |")
+                     f"| {r.get('tau') or '-'} | {r.get('start_s', '-')} | {r.get('error', '')[:160]} |")
     return lines
 
 
@@ -67,8 +67,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.render:
         result = json.loads(args.render.read_text())
-        for row in result["rows"]:
-            row.update(failure(row["error"]) if "error" in row else {})
+        for row in result["rows"]:  # the fields derived from what was recorded, as this version derives them
+            row.update(failure(row["error"]) if "error" in row else {}, executor=executor(row["tp"], row["pp"]))
         write_json(args.render, result)
         write_lines(args.render.with_suffix(".md"), markdown(result))
         return 0

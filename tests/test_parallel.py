@@ -51,11 +51,27 @@ def test_rows_compare_every_layout_with_one_rank_and_keep_refusals(monkeypatch: 
     assert by[(2, 1, "llama")]["identical_to_layout_nospec"] == {"identical": 1, "total": 2}
     assert by[(1, 2, "none")]["identical_to_tp1"] == {"identical": 2, "total": 2}
     assert by[(2, 2, "llama")]["status"] == "refused" and "identical_to_tp1" not in by[(2, 2, "llama")]
+    assert by[(1, 1, "none")]["executor"] == "uni" and by[(2, 1, "none")]["executor"] == "mp"
     assert tau({"num_drafts": 0.0}) is None
 
 
+def test_without_one_rank_no_layout_is_called_identical(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the target alone on one rank fails, later layouts have nothing to be compared with (not each other)."""
+    def fake(target, prompt_ids, tokens, tp, pp, spec):
+        if (tp, pp) == (1, 1) and spec is None:
+            return None, {"status": "error", "error": "boom", "seconds": 0.1}
+        run = GreedyRun([[1, 2]], {"num_drafts": 0.0}, start_s=1.0)
+        return run, {"status": "done", "start_s": 1.0, "seconds": 1.0, "counters": run.counters}
+
+    monkeypatch.setattr(parallel, "serve_layout", fake)
+    rows = model_rows("pair", "t", {}, [[9]], 2, 3, lambda msg: None)
+    assert rows[0]["status"] == "error" and all(r.get("identical_to_tp1") is None for r in rows)
+
+
 def test_a_refusal_keeps_the_forks_message_and_other_failures_their_tail() -> None:
-    wrapped = "1 validation error for SpeculativeConfig\n  Value error, " + parallel.REFUSED + "2 on ... Fix: x"
+    wrapped = ("1 validation error for SpeculativeConfig\n  Value error, " + parallel.REFUSED + "2 on ... Fix: x "
+               "[type=value_error, input_value=ArgsKwargs((), {...}), input_type=ArgsKwargs]\n    For further "
+               "information visit https://errors.pydantic.dev/2.12/v/value_error")
     assert parallel.failure(wrapped) == {"status": "refused", "error": parallel.REFUSED + "2 on ... Fix: x"}
     assert parallel.failure("x" * 2000 + "boom") == {"status": "error", "error": ("x" * 2000 + "boom")[-1500:]}
 

@@ -493,7 +493,8 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
                "fork_vs_upstream_rounds": rounds, "fork_vs_upstream_median": 0.0, "fork_vs_upstream_spread": [0, 0],
                "fork_vs_hookoff_rounds": hookoff}
         return {"device": device, "versions": {"fork": "0.32.0+kimi.1"}, "command": f"call {rounds}",
-                "date": "2026-12-01T00:00:00+00:00", "seconds": 1.0, "rows": [row]}
+                "date": "2026-12-01T00:00:00+00:00", "seconds": 1.0, "rows": [row],
+                "settings": {"concurrency": [4], "tokens": 256, "ks": [3], "reps": len(rounds)}}
 
     got = pool([part([0.9, 1.2], [1.0]), part([1.05, 1.1, 0.99], [])])
     [row] = got["rows"]
@@ -502,8 +503,13 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
     assert row["calls"] == 2 and row["fork_vs_upstream"] == 1.2  # the first call's best-of ratio
     assert got["goal"]["pair_k3_median_min"] == 1.05 and got["goal"]["pair_k3_median_met"] is False  # 0.9 < 0.98
     assert got["command"] == "call [0.9, 1.2] ; call [1.05, 1.1, 0.99]" and "pooled over 2 calls" in got["notes"][0]
+    assert got["settings"]["reps"] == [2, 3] and row["rounds"] == [5, 5]
     with pytest.raises(ValueError, match="cannot combine"):
         pool([part([1.0], []), part([1.0], [], device="H100")])
+    other = part([1.0], [])
+    other["settings"]["tokens"] = 128
+    with pytest.raises(ValueError, match="different tokens"):
+        pool([part([1.0], []), other])
 
 
 def test_round_ratios_pair_rounds_and_the_median_goal() -> None:

@@ -68,12 +68,21 @@ def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int,
                  "counters": dict(run.counters)}
 
 
+def executor(tp: int, pp: int) -> str:
+    """The executor vLLM picks when none is named: ``uni`` (in the engine's process) for one worker, ``mp`` (one
+    process per worker on this host) for more."""
+    return "uni" if tp * pp == 1 else "mp"
+
+
 def failure(text: str) -> dict:
-    """``{"status", "error"}`` of an engine that did not start: ``refused`` with the fork's message from its first
-    words (pydantic puts "1 validation error for SpeculativeConfig" before it), else ``error`` with the text's
-    last 1500 characters."""
+    """``{"status", "error"}`` of an engine that did not start: ``refused`` with the fork's message alone (pydantic
+    puts "1 validation error for SpeculativeConfig" before it and the input and a link after it), else ``error``
+    with the text's last 1500 characters."""
     at = text.find(REFUSED)
-    return {"status": "refused", "error": text[at:].strip()} if at >= 0 else {"status": "error", "error": text[-1500:]}
+    if at < 0:
+        return {"status": "error", "error": text[-1500:]}
+    # pydantic follows the message with " [type=value_error, input_value=...]" and a link to its docs
+    return {"status": "refused", "error": text[at:].split(" [type=")[0].split("\n")[0].strip()}
 
 
 def tau(counters: dict) -> float | None:
@@ -96,12 +105,12 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
             spec = None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
             log(f"{name}: tp {tp} pp {pp}, drafter {style}")
             run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec)
-            row = {"model": name, "tp": tp, "pp": pp, "executor": "mp", "drafter": style, "k": k if spec else 0,
-                   **entry}
+            row = {"model": name, "tp": tp, "pp": pp, "executor": executor(tp, pp), "drafter": style,
+                   "k": k if spec else 0, **entry}
             if run is not None:
                 if drafter is None:
                     nospec[(tp, pp)] = run
-                    reference = reference or run
+                    reference = run if (tp, pp) == (1, 1) else reference
                 else:
                     row["tau"] = tau(run.counters)
                     if (tp, pp) in nospec:

@@ -41,9 +41,9 @@ class DrafterConfigError(ValueError):
 # warning, and an unknown layout is left to vLLM's own loader.
 SERVE_BLOCKING = ("config", "ids", "shape", "vocab", "rope")
 
-#: ``model_type`` of the targets whose decoder is vLLM's ``DeepseekV2Model`` (DeepSeek-V2/V3/R1, Kimi-K2, and the
-#: text model of Kimi-K2.5), which in vLLM 0.32.0 does not pass aux states from one pipeline stage to the next.
-DEEPSEEK_DECODERS = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
+#: ``model_type`` of the targets whose decoder is vLLM's ``DeepseekV2Model`` (DeepSeek-V2/V3/R1/V3.2, Kimi-K2, and
+#: the text model of Kimi-K2.5), which in vLLM 0.32.0 does not pass aux states from one pipeline stage to the next.
+DEEPSEEK_DECODERS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 
 
 def _logger():

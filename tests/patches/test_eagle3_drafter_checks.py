@@ -205,4 +205,5 @@ def test_without_the_check_pipeline_parallel_fails_only_after_the_weights_load(t
     assert runs["on"].returncode != 0 and "EAGLE-3 with pipeline_parallel_size=2" in on
     assert "Loading weights took" not in on and "Worker_PP" not in on
     assert runs["off"].returncode != 0 and "Loading weights took" in off
+    assert "Workers disagree on supported KV cache layouts" in off or "has no attribute 'drafter'" in off
     assert "EAGLE-3 with pipeline_parallel_size=2" not in off

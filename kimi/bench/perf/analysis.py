@@ -230,9 +230,16 @@ def pool(parts: list[dict]) -> dict:
     only some calls have are kept with those calls' rounds (``calls`` counts them).
 
     Raises:
-        ValueError: the parts come from different devices or vLLM versions.
+        ValueError: the parts come from different devices or vLLM versions, or measured other concurrencies,
+            output lengths or k (``--reps`` may differ; ``settings.reps`` then lists each call's).
     """
     check_same_setup(parts)
+    plan_keys = ("concurrency", "tokens", "ks")
+    for part in parts[1:]:
+        differ = [k for k in plan_keys if part["settings"].get(k) != parts[0]["settings"].get(k)]
+        if differ:
+            raise ValueError(f"cannot pool calls that measured different {', '.join(differ)}: "
+                             f"{[p['settings'].get(differ[0]) for p in parts]}")
     grouped: dict[tuple, list[dict]] = {}
     for part in parts:
         for row in part["rows"]:
@@ -244,11 +251,15 @@ def pool(parts: list[dict]) -> dict:
         row = {k: v for k, v in group[0].items() if k not in pooled}
         for name in ROUND_RATIOS:
             row.update(ratio_stats(name, [x for r in group for x in r.get(f"{name}_rounds", [])]))
-        rows.append({**row, "calls": len(group)})
+        rounds = len(row.get("fork_vs_upstream_rounds", []))
+        rows.append({**row, "calls": len(group), "rounds": [rounds, rounds]})
     note = (f"pooled over {len(parts)} calls: the per-round ratios are every call's rounds; tok/s, tau and the other "
             "columns are the first call's")
-    return {**parts[0], "rows": rows, "goal": goal(rows), "projection": {}, "same_as_nospec": {}, "greedy_check": {},
-            "runs": {}, "notes": [note], "command": " ; ".join(part["command"] for part in parts),
+    reps = [part["settings"].get("reps") for part in parts]
+    settings = {**parts[0]["settings"], "reps": reps if len(set(reps)) > 1 else reps[0]}
+    return {**parts[0], "settings": settings, "rows": rows, "goal": goal(rows), "projection": {},
+            "same_as_nospec": {}, "greedy_check": {}, "runs": {},
+            "notes": [*parts[0].get("notes", []), note], "command": " ; ".join(part["command"] for part in parts),
             "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
 
 
