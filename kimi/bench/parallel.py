@@ -52,7 +52,8 @@ def bound_threads(workers: int):
 
 def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int, pp: int,
                  spec: dict | None, engine: dict = CPU_ENGINE) -> tuple[GreedyRun | None, dict]:
-    """One engine at ``tp`` x ``pp`` (multiprocessing executor; ``engine``: float32 with torch.compile by default,
+    """One engine at ``tp`` x ``pp`` (vLLM's default executor, :func:`executor`; ``engine``: float32 with
+    torch.compile by default,
     since vLLM 0.32.0's CPU workers allocate the pipeline's intermediate tensors in the compile warm-up, so an eager
     engine with ``pipeline_parallel_size > 1`` fails its first step on the later stages): ``(run, entry)`` where
     ``entry`` holds ``status`` (``done``, ``refused`` before loading, or ``error``), the seconds, and on ``done``
