@@ -1,0 +1,137 @@
+"""EAGLE-3 through the engine's hard paths with real clients (issue 17): a seeded, bounded torture run on CPU.
+
+Run in the fork's venv (``python3 -m kimi setup`` makes it; ``python3 -m kimi models make`` the reference models)::
+
+    .venv/bin/python benchmarks/robustness.py [--styles llama mla] [--no-bench]
+
+For each drafter style (``llama``: the shipped trained pair, whose drafter is accepted often enough that stops land
+inside accepted drafts; ``mla``: the reference DeepSeek-V3 target with its MLA-style drafter, random weights, rarely
+accepted) ``vllm serve`` with EAGLE-3 (k = 3) gets every scenario of ``kimi.bench.torture`` through the official
+``openai`` client: preemption and recompute in a small KV cache, clients that disconnect mid-stream, prefix-cache
+hits, chunked prefill, prompts ending at ``max_model_len``, JSON-schema and regex outputs, mixed sampling, stop
+strings and ``max_tokens`` inside an accepted draft, ``n > 1``, logprobs, streaming; then malformed requests and
+``vllm bench serve`` at c = 1/4/16/64 (``llama`` only). The same calls go to the same server without speculation
+(greedy output compared token by token) and the seeded ones to an EAGLE-3 server with another chunking.
+
+Writes ``robustness.json`` and ``robustness.md`` to ``--out`` (default ``benchmarks/results``), the servers' logs to
+``--out/logs/robustness``. The run is ``kimi.bench.robustness``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kimi.bench.hardware import cpu_name, describe, device
+from kimi.bench.log import logger
+from kimi.bench.results import header, stamp, write_json, write_lines
+from kimi.bench.robustness import BENCH_TOKENS, K, run_style
+from kimi.bench.torture import REQUEST_BOUND_S, PromptPool
+from kimi.e2e.prompts import code_prompt_ids
+from kimi.errors import KimiError
+from kimi.models import SHIPPED_PAIR
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def styles(models: Path) -> dict[str, tuple[Path, Path]]:
+    """``{style: (target folder, drafter folder)}``."""
+    return {"llama": (SHIPPED_PAIR / "target", SHIPPED_PAIR / "drafter"),
+            "mla": (models / "target", models / "drafter-mla")}
+
+
+def markdown(result: dict) -> list[str]:
+    """The result as markdown: per style the scenario table, the bad requests, the counters and the bench rows."""
+    v = result["versions"]
+    lines = [*header("EAGLE-3 robustness: hard paths and real clients (issue 17)", result["command"],
+                     result["date"]),
+             (f"- device: {result['device']}; CPU: {result['cpu']}; vLLM {v['vllm']}, torch {v['torch']}, "
+              f"openai {v['openai']}"),
+             (f"- k = {result['k']}; every request bounded to {result['request_bound_s']:.0f} s (longer = a hang); "
+              f"{result['seconds']} s in all"), ""]
+    for style, run in result["styles"].items():
+        if "error" in run:
+            lines += [f"## {style}: `{Path(run['drafter']).name}` on `{Path(run['target']).name}`", "",
+                      "A server did not start:", "", "```text", run["error"][-1500:], "```", ""]
+            continue
+        c = run["counters"]
+        lines += [f"## {style}: `{Path(run['drafter']).name}` on `{Path(run['target']).name}`", "",
+                  (f"Start-up (s): {run['start_s']}. Spec-decode counters: {c['num_drafts']:.0f} drafts, "
+                   f"{c['num_draft_tokens']:.0f} draft tokens, {c['num_accepted_tokens']:.0f} accepted, "
+                   f"τ {c['tau']}, consistent (accepted ≤ drafted ≤ k × drafts): {c['consistent']}. Stop calls "
+                   f"ending inside an accepted draft: {run['stops_inside_accepted_draft']}. Server alive after "
+                   f"all: {run['server_alive_after']}."), "",
+                  ("| scenario | requests | greedy identical / total | seeded identical across chunkings | crashes | "
+                   "hangs | errors | s | evidence |"), "|---|---|---|---|---|---|---|---|---|"]
+        for name, row in run["scenarios"].items():
+            evidence = {k: row[k] for k in row if k not in (
+                "requests", "identical", "total", "seeded_identical", "seeded_total", "differs", "crashes", "hangs",
+                "errors", "seconds")}
+            seeded = f"{row['seeded_identical']} / {row['seeded_total']}" if row["seeded_total"] else "-"
+            lines.append(f"| {name} | {row['requests']} | {row['identical']} / {row['total']} | {seeded} | "
+                         f"{row['crashes']} | {row['hangs']} | {len(row['errors'])} | {row['seconds']} | {evidence} |")
+        lines += ["", "| request | HTTP status (expected) | message |", "|---|---|---|"]
+        lines += [f"| {name} | {r['status']} ({r['expected']}) | {r['message'][:120]} |"
+                  for name, r in run["bad_requests"].items()]
+        lines.append("")
+        if run.get("bench_serve"):
+            lines += [f"`vllm bench serve` (random, {BENCH_TOKENS[0]} in / {BENCH_TOKENS[1]} out, ignore EOS):", "",
+                      "| c | requests | completed | failed | s | output tok/s | τ |", "|---|---|---|---|---|---|---|"]
+            for row in run["bench_serve"]:
+                if "error" in row:
+                    lines.append(f"| {row['concurrency']} | error: {row['error'][:120]} ||||||")
+                    continue
+                lines.append(f"| {row['concurrency']} | {row['num_prompts']} | {row['completed']} | {row['failed']} | "
+                             f"{row['duration']:.1f} | {row['output_throughput']:.0f} | "
+                             f"{row['spec_decode_acceptance_length']:.3f} |")
+            lines.append("")
+    lines.append("Not shown here: throughput on a GPU (CPU output rates are not comparable), and sequences that "
+                 "numerics flip on bf16 (float32 here).")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=Path, default=ROOT / ".kimi/models/reference")
+    parser.add_argument("--styles", nargs="+", choices=("llama", "mla"), default=["llama", "mla"])
+    parser.add_argument("--no-bench", action="store_true", help="leave out vllm bench serve")
+    parser.add_argument("--gpu", action="store_true",
+                        help="on a GPU: bfloat16, CUDA graphs; writes robustness-gpu.json/.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    args = parser.parse_args()
+    if "mla" in args.styles and not (args.models / "MANIFEST.json").is_file():
+        parser.error(f"no reference models in {args.models}: run `python3 -m kimi models make` first")
+    import openai
+    import torch
+    import vllm
+    from tokenizers import Tokenizer
+
+    log = logger("robustness")
+    begin = time.monotonic()
+    result = {**stamp("benchmarks/robustness.py", sys.argv[1:], python="python"), "cpu": cpu_name(),
+              "device": describe(device()),
+              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "openai": openai.__version__},
+              "k": K, "request_bound_s": REQUEST_BOUND_S, "styles": {}}
+    logs = args.out / "logs" / "robustness"
+    name = "robustness-gpu" if args.gpu else "robustness"
+    args.out.mkdir(parents=True, exist_ok=True)
+    for style in args.styles:
+        target, drafter = styles(args.models)[style]
+        tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
+        pool = PromptPool([t for ids in code_prompt_ids(target / "tokenizer.json", 48, 400) for t in ids])
+        try:
+            result["styles"][style] = run_style(style, str(target), str(drafter), pool, tokenizer.decode, logs, log,
+                                                bench=style == "llama" and not args.no_bench, gpu=args.gpu)
+        except KimiError as exc:  # a server that did not start: kept, and the other styles still run
+            result["styles"][style] = {"target": str(target), "drafter": str(drafter), "error": str(exc)[-3000:]}
+        result["seconds"] = round(time.monotonic() - begin)
+        write_json(args.out / f"{name}.json", result)
+        write_lines(args.out / f"{name}.md", markdown(result))
+    print("\n".join(markdown(result)))
+    return 1 if any("error" in run for run in result["styles"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

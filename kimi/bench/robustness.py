@@ -1,0 +1,304 @@
+"""The torture run of ``benchmarks/robustness.py`` (issue 17): ``vllm serve`` with EAGLE-3 through the engine's hard
+paths, compared request by request with the same server without speculation, and vLLM's own load tool.
+
+Per drafter style three servers run one after the other with the settings of :func:`server_args`: ``spec``
+(EAGLE-3, k = :data:`K`), ``nospec`` (the same without ``--speculative-config``) and ``spec_rechunked`` (EAGLE-3
+with another ``--max-num-batched-tokens``, for seeded sampling across chunkings). The calls are
+:mod:`kimi.bench.torture`'s. Needs the fork's venv (``openai``, ``tokenizers``, vLLM's CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from kimi.bench.torture import (
+    DEF_REGEX,
+    JSON_SCHEMA,
+    Call,
+    Outcome,
+    PromptPool,
+    client,
+    probe_calls,
+    scenarios,
+    send_all,
+    stop_calls,
+)
+from kimi.e2e.server import VllmServer, request, serve_args, spec_counters, vllm_command
+
+#: Draft tokens per step.
+K = 3
+#: Context of the servers; the ``near_max_len`` scenario ends requests exactly here.
+MAX_MODEL_LEN = 512
+#: Token budget per step of ``spec``/``nospec`` (below the longer prompts: chunked prefill) and of
+#: ``spec_rechunked``.
+BATCHED_TOKENS = 64
+RECHUNKED_TOKENS = 512
+#: KV cache of the servers on CPU (float32; half of it on a GPU, in bfloat16) per style: 768 tokens each as vLLM
+#: 0.32.0 sizes it (its start-up log), about three of the ``preemption`` scenario's twelve requests at once and more
+#: than one request of ``MAX_MODEL_LEN`` (vLLM refuses less).
+KV_CACHE_BYTES = {"llama": 12 << 20, "mla": 24 << 20}
+#: Concurrencies of ``vllm bench serve`` and its requests (input / output tokens).
+BENCH_CONCURRENCY = (1, 4, 16, 64)
+BENCH_TOKENS = (64, 32)
+
+#: Prometheus gauges and counters read around scenarios (summed over label sets).
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+          "vllm:prefix_cache_hits_total")
+
+
+def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = BATCHED_TOKENS,
+                gpu: bool = False) -> list[str]:
+    """``vllm serve`` flags of one torture server: a KV cache of ``kv_bytes``, seed 0, and on CPU float32 and eager;
+    on a GPU (``gpu``) bfloat16 with vLLM's defaults (torch.compile, CUDA graphs) and a low
+    ``gpu_memory_utilization`` (the fixed KV cache skips memory profiling; see :mod:`kimi.e2e.presets`)."""
+    engine = {"max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": kv_bytes, "seed": 0, "max_num_seqs": 16,
+              "speculative_config": speculative,
+              **({"dtype": "bfloat16", "gpu_memory_utilization": 0.12} if gpu else
+                 {"dtype": "float32", "enforce_eager": True})}
+    return [*serve_args(engine), "--max-num-batched-tokens", str(batched_tokens)]
+
+
+def gauges(metrics: str) -> dict[str, float]:
+    """:data:`GAUGES` in a ``/metrics`` text, summed over label sets (0 when absent)."""
+    found = dict.fromkeys(GAUGES, 0.0)
+    for line in metrics.splitlines():
+        match = re.match(r"^([a-z_:]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
+        if match and match.group(1) in found:
+            found[match.group(1)] += float(match.group(2))
+    return found
+
+
+def wait_idle(server: VllmServer, bound: float = 60.0) -> bool:
+    """Wait until the server runs and queues no request; False if some are still there after ``bound`` s."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        now = gauges(server.metrics())
+        if now["vllm:num_requests_running"] == 0 and now["vllm:num_requests_waiting"] == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def run_calls(server: VllmServer, plan: dict[str, list[Call]], log) -> dict:
+    """Send each scenario of ``plan`` (all its calls at once; ``prefix_cache``'s first call alone first, to fill
+    the cache; ``stop`` and ``lone_top_k`` one by one: ``stop`` so that its steps are the probe's) and wait for the
+    server to be idle after each.
+
+    Returns ``{"outcomes": {name: Outcome}, "scenarios": {scenario: {"seconds", "preemptions", "prefix_cache_hits",
+    "idle_after"}}}``.
+    """
+    openai_client = client(server.base)
+    outcomes: dict[str, Outcome] = {}
+    facts: dict[str, dict] = {}
+    for scenario, calls in plan.items():
+        before, began = gauges(server.metrics()), time.monotonic()
+        if scenario == "prefix_cache":
+            outcomes.update(send_all(openai_client, server.model, calls[:1]))
+            outcomes.update(send_all(openai_client, server.model, calls[1:]))
+        else:
+            alone = scenario in ("stop", "lone_top_k")
+            outcomes.update(send_all(openai_client, server.model, calls, concurrent=not alone))
+        seconds = round(time.monotonic() - began, 1)
+        idle = wait_idle(server) if server.proc and server.proc.poll() is None else False
+        after = gauges(server.metrics()) if idle else before
+        facts[scenario] = {"seconds": seconds, "idle_after": idle,
+                           "preemptions": after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"],
+                           "prefix_cache_hits": (after["vllm:prefix_cache_hits_total"]
+                                                 - before["vllm:prefix_cache_hits_total"])}
+        statuses = sorted({o.status for n, o in outcomes.items() if n.startswith(f"{scenario}/")})
+        log(f"{scenario}: {len(calls)} calls, {seconds} s, statuses {statuses}")
+    return {"outcomes": outcomes, "scenarios": facts}
+
+
+def bad_request_bodies(model: str) -> dict[str, tuple[dict | bytes, int]]:
+    """``{name: (body of a /v1/completions request, the HTTP status vLLM 0.32.0 answers it with)}``: malformed,
+    over-long and unsupported requests (4xx), one that vLLM serves by clipping ``max_tokens`` to the context (200),
+    and a good request sent last."""
+    small = {"model": model, "prompt": "x", "max_tokens": 4}
+    return {
+        "prompt_longer_than_max_model_len": ({**small, "prompt": [5] * (MAX_MODEL_LEN + 10)}, 400),
+        "max_tokens_past_max_model_len": ({**small, "prompt": [5] * (MAX_MODEL_LEN - 4), "max_tokens": 64}, 200),
+        "malformed_json": (b'{"model": "x", "prompt": ', 400),
+        "unknown_model": ({**small, "model": "no-such-model"}, 404),
+        "negative_max_tokens": ({**small, "max_tokens": -1}, 400),
+        "n_zero": ({**small, "n": 0}, 400),
+        "n_2_with_greedy_sampling": ({**small, "n": 2, "temperature": 0}, 400),
+        "min_p_with_speculation": ({**small, "temperature": 1.0, "min_p": 0.05}, 400),
+        "token_id_outside_vocabulary": ({**small, "prompt": [10 ** 7]}, 400),
+        "invalid_json_schema": ({**small, "structured_outputs": {"json": "{not a schema"}}, 400),
+        "invalid_regex": ({**small, "structured_outputs": {"regex": "(unclosed"}}, 400),
+        "good_request_after": ({**small, "prompt": "def f():"}, 200),
+    }
+
+
+def bad_requests(server: VllmServer) -> dict[str, dict]:
+    """Send :func:`bad_request_bodies` in order: per request ``{"status", "expected", "message"}`` (the error
+    message the client gets, cut to 200 characters)."""
+    found = {}
+    for name, (body, expected) in bad_request_bodies(server.model).items():
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        reply = request(f"{server.base}/v1/completions", raw, timeout=60)
+        message = ""
+        if reply.status != 200:
+            try:
+                message = str(reply.json().get("error", {}).get("message", ""))[:200]
+            except (ValueError, AttributeError):
+                message = reply.body[:200]
+        found[name] = {"status": reply.status, "expected": expected, "message": message}
+    return found
+
+
+def bench_serve(server: VllmServer, out: Path, seconds_per_run: float = 300.0) -> list[dict]:
+    """``vllm bench serve`` (random dataset, :data:`BENCH_TOKENS`) at each of :data:`BENCH_CONCURRENCY` against
+    ``server``, ``2 c`` requests (at least 16); per run its JSON's request counts, throughput and spec-decode
+    counters, or ``{"error": ...}`` when the tool failed or ran past ``seconds_per_run``."""
+    rows = []
+    for concurrency in BENCH_CONCURRENCY:
+        name = f"bench-c{concurrency}.json"
+        cmd = [*vllm_command(), "bench", "serve", "--backend", "vllm", "--base-url", server.base, "--model",
+               server.model, "--endpoint", "/v1/completions", "--dataset-name", "random",
+               "--random-input-len", str(BENCH_TOKENS[0]), "--random-output-len", str(BENCH_TOKENS[1]),
+               "--num-prompts", str(max(16, 2 * concurrency)), "--max-concurrency", str(concurrency),
+               "--ignore-eos", "--seed", "0", "--save-result", "--result-dir", str(out), "--result-filename", name,
+               "--disable-tqdm"]
+        row: dict = {"concurrency": concurrency, "command": " ".join(["vllm", *cmd[len(vllm_command()):]])}
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds_per_run)
+            (out / f"bench-c{concurrency}.log").write_text(done.stdout + done.stderr)
+            if done.returncode != 0:
+                row["error"] = f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}"
+            else:
+                found = json.loads((out / name).read_text())
+                row.update({key: found.get(key) for key in (
+                    "num_prompts", "completed", "failed", "duration", "request_throughput", "output_throughput",
+                    "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+                    "spec_decode_acceptance_length")})
+        except subprocess.TimeoutExpired:
+            row["error"] = f"ran past {seconds_per_run:.0f} s"
+        rows.append(row)
+    return rows
+
+
+def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: dict, facts: dict) -> dict:
+    """Per scenario: requests; ``identical`` / ``total``: greedy choices equal to ``nospec``'s (tokens and finish
+    reason); ``seeded_identical`` / ``seeded_total``: seeded choices equal to ``rechunked``'s; the choices that
+    differ (``{"call", "choice", "against", "first_difference"}``), crashes, hangs, unplanned errors, seconds, and
+    what proves the path was taken (preemptions, prefix-cache hits, aborts, structured outputs that parse)."""
+    rows = {}
+    for scenario, calls in plan.items():
+        row = {"requests": len(calls), "identical": 0, "total": 0, "seeded_identical": 0, "seeded_total": 0,
+               "differs": [], "crashes": 0, "hangs": 0, "errors": [], "seconds": facts[scenario]["seconds"],
+               "idle_after": facts[scenario]["idle_after"]}
+        for call in calls:
+            ours = spec[call.name]
+            row["crashes"] += ours.status == "crash"
+            row["hangs"] += ours.status == "hang"
+            if ours.status not in ("ok", "aborted"):
+                row["errors"].append(f"{call.name}: {ours.status} {ours.error}")
+                continue
+            against, prefix = {"greedy": ("nospec", ""), "seeded": ("spec_rechunked", "seeded_")}.get(
+                call.compare, (None, ""))
+            other = {"nospec": nospec, "spec_rechunked": rechunked}.get(against, {}).get(call.name)
+            if other is None:
+                continue
+            for i, (a, b) in enumerate(zip(ours.choices, other.choices, strict=False)):
+                row[f"{prefix}total"] += 1
+                if a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"]:
+                    row[f"{prefix}identical"] += 1
+                else:
+                    pairs = zip(a["token_ids"], b["token_ids"], strict=False)
+                    where = next((j for j, (x, y) in enumerate(pairs) if x != y),
+                                 min(len(a["token_ids"]), len(b["token_ids"])))
+                    row["differs"].append({"call": call.name, "choice": i, "against": against,
+                                           "first_difference": where})
+            if len(ours.choices) != len(other.choices):
+                row["errors"].append(f"{call.name}: {len(ours.choices)} choices against {len(other.choices)}")
+        row.update(_evidence(scenario, calls, spec, nospec, facts[scenario]))
+        rows[scenario] = row
+    return rows
+
+
+def _evidence(scenario: str, calls: list[Call], spec: dict, nospec: dict, facts: dict) -> dict:
+    """What shows that the scenario took the path it is named after."""
+    if scenario == "preemption":
+        return {"preemptions": facts["preemptions"]}
+    if scenario == "prefix_cache":
+        return {"prefix_cache_hits": facts["prefix_cache_hits"]}
+    if scenario == "abort":
+        return {"aborted": sum(spec[c.name].status == "aborted" for c in calls)}
+    if scenario.startswith("structured_"):
+        return {"valid": sum(_valid(scenario, ch) for c in calls for ch in spec[c.name].choices),
+                "finished_by_grammar": sum(ch["finish_reason"] == "stop" for c in calls for ch in spec[c.name].choices)}
+    if scenario == "logprobs":
+        diffs = [abs(x - y) for c in calls if spec[c.name].choices and nospec.get(c.name) and nospec[c.name].choices
+                 and spec[c.name].choices[0]["token_ids"] == nospec[c.name].choices[0]["token_ids"]
+                 for x, y in zip(spec[c.name].choices[0].get("logprobs", []),
+                                 nospec[c.name].choices[0].get("logprobs", []), strict=True)]
+        return {"max_logprob_diff": max(diffs, default=None)}
+    if scenario == "streaming":
+        return {"multi_token_steps": sum(s >= 2 for c in calls for ch in spec[c.name].choices
+                                         for s in ch.get("steps", []))}
+    return {}
+
+
+def _valid(scenario: str, choice: dict) -> bool:
+    """A finished structured output is what it was constrained to (one cut by max_tokens counts as invalid)."""
+    if choice["finish_reason"] != "stop":
+        return False
+    if scenario == "structured_regex":
+        return re.fullmatch(DEF_REGEX, choice["text"]) is not None
+    try:
+        value = json.loads(choice["text"])
+    except ValueError:
+        return False
+    return isinstance(value, dict) and set(value) == set(JSON_SCHEMA["required"])
+
+
+def metrics_check(counters: dict[str, float]) -> dict:
+    """The server's spec-decode counters, τ from them (1 + accepted / drafts) and whether they are consistent:
+    accepted ≤ draft tokens ≤ k × drafts."""
+    drafts, drafted, accepted = (counters[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    return {**counters, "tau": round(1 + accepted / drafts, 4) if drafts else None,
+            "consistent": accepted <= drafted <= K * drafts and drafts > 0}
+
+
+def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, logs: Path, log,
+              bench: bool, gpu: bool = False) -> dict:
+    """The torture run of one drafter style (see the module docstring): per-scenario rows, the bad-request
+    statuses, the stop calls placed inside accepted drafts, the spec-decode counters, start-up seconds, and the
+    ``vllm bench serve`` rows when ``bench``; servers as :func:`server_args` makes them for ``gpu``."""
+    speculative = {"method": "eagle3", "model": drafter, "num_speculative_tokens": K}
+    plan = scenarios(pool, MAX_MODEL_LEN)
+    kv_bytes = KV_CACHE_BYTES[style] // (2 if gpu else 1)
+    result: dict = {"target": target, "drafter": drafter, "kv_cache_bytes": kv_bytes, "start_s": {}}
+
+    def started(name: str, args: list[str]) -> VllmServer:
+        server = VllmServer(vllm_command(), target, args, logs / f"{style}-{name}.log")
+        began = time.monotonic()
+        server.start()
+        result["start_s"][name] = round(time.monotonic() - began, 1)
+        log(f"{style}: {name} server ready in {result['start_s'][name]} s")
+        return server
+
+    with started("spec", server_args(speculative, kv_bytes, gpu=gpu)) as server:
+        probes = probe_calls(pool)
+        probed = send_all(client(server.base), target, probes, concurrent=False)
+        plan["stop"], result["stops_inside_accepted_draft"] = stop_calls(probes, probed, decode)
+        spec = run_calls(server, plan, log)
+        result["bad_requests"] = bad_requests(server)
+        result["counters"] = metrics_check(spec_counters(server.metrics()))
+        result["server_alive_after"] = server.proc is not None and server.proc.poll() is None
+        if bench:
+            result["bench_serve"] = bench_serve(server, logs / f"{style}-bench")
+    with started("nospec", server_args(None, kv_bytes, gpu=gpu)) as server:
+        nospec = run_calls(server, plan, log)
+    seeded = {s: [c for c in calls if c.compare == "seeded"] for s, calls in plan.items()}
+    with started("spec_rechunked", server_args(speculative, kv_bytes, RECHUNKED_TOKENS, gpu)) as server:
+        rechunked = run_calls(server, {s: calls for s, calls in seeded.items() if calls}, log)
+    result["scenarios"] = compare(plan, spec["outcomes"], nospec["outcomes"], rechunked["outcomes"],
+                                  spec["scenarios"])
+    return result

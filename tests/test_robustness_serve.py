@@ -1,0 +1,69 @@
+"""The torture run against the fork's ``vllm serve`` on CPU (issue 17): ``benchmarks/robustness.py`` as a user runs
+it, both drafter styles, the official ``openai`` client and ``vllm bench serve``; about 12 minutes on 2 cores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_script import make_reference_models
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("robustness")
+    models = make_reference_models(out / "reference")
+    done = subprocess.run([sys.executable, "benchmarks/robustness.py", "--models", str(models),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=2400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "robustness.md").is_file()
+    return json.loads((out / "robustness.json").read_text())
+
+
+@pytest.mark.parametrize("style", ["llama", "mla"])
+def test_no_crash_no_hang_and_lossless(result: dict, style: str) -> None:
+    run = result["styles"][style]
+    assert run["server_alive_after"]
+    for name, row in run["scenarios"].items():
+        assert (row["crashes"], row["hangs"], row["errors"]) == (0, 0, []), (name, row)
+        assert row["idle_after"], (name, "requests left running")
+        assert row["identical"] == row["total"], (name, row["differs"])
+    assert run["counters"]["consistent"], run["counters"]
+
+
+@pytest.mark.parametrize("style", ["llama", "mla"])
+def test_each_scenario_took_its_path(result: dict, style: str) -> None:
+    rows = result["styles"][style]["scenarios"]
+    assert rows["preemption"]["preemptions"] > 0
+    assert rows["prefix_cache"]["prefix_cache_hits"] > 0
+    assert rows["abort"]["aborted"] == 6
+    assert rows["structured_regex"]["valid"] == rows["structured_regex"]["total"]
+    assert rows["structured_json"]["valid"] == rows["structured_json"]["total"]
+    assert rows["streaming"]["multi_token_steps"] > 0 or style == "mla"  # the MLA drafter is random: ~never accepted
+
+
+def test_stops_inside_accepted_drafts(result: dict) -> None:
+    assert result["styles"]["llama"]["stops_inside_accepted_draft"] >= 4
+
+
+@pytest.mark.parametrize("style", ["llama", "mla"])
+def test_bad_requests_get_their_status_and_the_server_keeps_serving(result: dict, style: str) -> None:
+    for name, answer in result["styles"][style]["bad_requests"].items():
+        assert answer["status"] == answer["expected"], (name, answer)
+
+
+def test_vllm_bench_serve_without_failures(result: dict) -> None:
+    rows = result["styles"]["llama"]["bench_serve"]
+    assert [row["concurrency"] for row in rows] == [1, 4, 16, 64]
+    for row in rows:
+        assert "error" not in row, row
+        assert (row["completed"], row["failed"]) == (row["num_prompts"], 0), row
+        assert row["spec_decode_num_drafts"] > 0
