@@ -20,15 +20,19 @@ Writes ``robustness.json`` and ``robustness.md`` to ``--out`` (default ``benchma
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name, describe, device
 from kimi.bench.log import logger
+from kimi.bench.other_tools import check_other_tools
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.bench.robustness import BENCH_TOKENS, K, run_style
 from kimi.bench.torture import REQUEST_BOUND_S, PromptPool
+from kimi.drafter.assumptions import assumption_table
 from kimi.e2e.prompts import code_prompt_ids
 from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
@@ -42,13 +46,18 @@ def styles(models: Path) -> dict[str, tuple[Path, Path]]:
             "mla": (models / "target", models / "drafter-mla")}
 
 
+def cell(text: str) -> str:
+    """``text`` as one markdown table cell (newlines and pipes would break the row)."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def markdown(result: dict) -> list[str]:
     """The result as markdown: per style the scenario table, the bad requests, the counters and the bench rows."""
     v = result["versions"]
+    host = "" if result["device"].startswith("CPU") else f"; CPU: {result['cpu']}"
     lines = [*header("EAGLE-3 robustness: hard paths and real clients (issue 17)", result["command"],
                      result["date"]),
-             (f"- device: {result['device']}; CPU: {result['cpu']}; vLLM {v['vllm']}, torch {v['torch']}, "
-              f"openai {v['openai']}"),
+             f"- device: {result['device']}{host}; vLLM {v['vllm']}, torch {v['torch']}, openai {v['openai']}",
              (f"- k = {result['k']}; every request bounded to {result['request_bound_s']:.0f} s (longer = a hang); "
               f"{result['seconds']} s in all"), ""]
     for style, run in result["styles"].items():
@@ -61,7 +70,7 @@ def markdown(result: dict) -> list[str]:
                   (f"Start-up (s): {run['start_s']}. Spec-decode counters: {c['num_drafts']:.0f} drafts, "
                    f"{c['num_draft_tokens']:.0f} draft tokens, {c['num_accepted_tokens']:.0f} accepted, "
                    f"τ {c['tau']}, consistent (accepted ≤ drafted ≤ k × drafts): {c['consistent']}. Stop calls "
-                   f"ending inside an accepted draft: {run['stops_inside_accepted_draft']}. Server alive after "
+                   f"ending inside a multi-token chunk: {run['stops_inside_multi_token_chunks']}. Server alive after "
                    f"all: {run['server_alive_after']}."), "",
                   ("| scenario | requests | greedy identical / total | seeded identical across chunkings | crashes | "
                    "hangs | errors | s | evidence |"), "|---|---|---|---|---|---|---|---|---|"]
@@ -73,7 +82,7 @@ def markdown(result: dict) -> list[str]:
             lines.append(f"| {name} | {row['requests']} | {row['identical']} / {row['total']} | {seeded} | "
                          f"{row['crashes']} | {row['hangs']} | {len(row['errors'])} | {row['seconds']} | {evidence} |")
         lines += ["", "| request | HTTP status (expected) | message |", "|---|---|---|"]
-        lines += [f"| {name} | {r['status']} ({r['expected']}) | {r['message'][:120]} |"
+        lines += [f"| {name} | {r['status']} ({r['expected']}) | {cell(r['message'][:120])} |"
                   for name, r in run["bad_requests"].items()]
         lines.append("")
         if run.get("bench_serve"):
@@ -81,15 +90,50 @@ def markdown(result: dict) -> list[str]:
                       "| c | requests | completed | failed | s | output tok/s | τ |", "|---|---|---|---|---|---|---|"]
             for row in run["bench_serve"]:
                 if "error" in row:
-                    lines.append(f"| {row['concurrency']} | error: {row['error'][:120]} ||||||")
+                    lines.append(f"| {row['concurrency']} | error: {cell(row['error'][:120])} ||||||")
                     continue
                 lines.append(f"| {row['concurrency']} | {row['num_prompts']} | {row['completed']} | {row['failed']} | "
                              f"{row['duration']:.1f} | {row['output_throughput']:.0f} | "
                              f"{row['spec_decode_acceptance_length']:.3f} |")
             lines.append("")
+    for style, rows in result.get("drafter_assumptions", {}).items():
+        lines += [f"## Drafter checkpoints that lie about themselves ({style}; docs/drafter-assumptions.md)", "",
+                  ("| assumption | what vLLM reads | vLLM 0.32.0 without the check | refused by the fork | "
+                   "what `kimi drafter inspect` says |"), "|---|---|---|---|---|"]
+        lines += [f"| {r['name']}{' (valid)' if r['valid'] else ''} | {cell(r['reads'])} | "
+                  f"{cell(r['upstream_behaviour'])} | {r['refused']} | {cell(r['message'][:200])} |" for r in rows]
+        lines.append("")
+    other = result.get("other_tools")
+    if other:
+        lines += ["## Drafters written by other tools (kimi.bench.other_tools)", "",
+                  (f"Ours: {other['ours']['counters']} on {other['prompts']} prompts x {other['tokens']} tokens, "
+                   f"k = {other['k']}. Lossless with our tokens and counters: {other['lossless']}."), "",
+                  "| tool | format found | served | identical / total | counters equal to ours |",
+                  "|---|---|---|---|---|"]
+        for tool, row in other["tools"].items():
+            for how, served in row.get("served", {}).items():
+                lines.append(f"| {tool} | {row.get('format')} | {how} | {served['identical']} / {served['total']} | "
+                             f"{served['counters_equal']} |")
+            if "error" in row:
+                lines.append(f"| {tool} | {row.get('format')} | error at {row.get('failed_at')} | "
+                             f"{cell(row['error'][:150])} | |")
+        lines.append("")
     lines.append("Not shown here: throughput on a GPU (CPU output rates are not comparable), and sequences that "
                  "numerics flip on bf16 (float32 here).")
     return lines
+
+
+def offline_parts(result: dict, args: argparse.Namespace, log) -> None:
+    """Into ``result``: the drafter-assumption table per style (``kimi.drafter.assumptions``, no engine) and, on CPU
+    unless ``--no-other-tools``, the drafters written by other tools served against ours (``kimi.bench.other_tools``,
+    engines, a few minutes)."""
+    result["drafter_assumptions"] = {style: assumption_table(drafter, target)
+                                     for style, (target, drafter) in styles(args.models).items()
+                                     if style in args.styles}
+    if not args.no_other_tools and not args.gpu:
+        log("drafters of other tools: speculators and SpecForge's layout against ours (kimi.bench.other_tools)")
+        with tempfile.TemporaryDirectory(prefix="kimi-other-tools-") as work:
+            result["other_tools"] = check_other_tools(SHIPPED_PAIR, Path(work))
 
 
 def main() -> int:
@@ -97,9 +141,14 @@ def main() -> int:
     parser.add_argument("--models", type=Path, default=ROOT / ".kimi/models/reference")
     parser.add_argument("--styles", nargs="+", choices=("llama", "mla"), default=["llama", "mla"])
     parser.add_argument("--no-bench", action="store_true", help="leave out vllm bench serve")
+    parser.add_argument("--no-other-tools", action="store_true",
+                        help="leave out the drafters written by speculators and in SpecForge's layout")
     parser.add_argument("--gpu", action="store_true",
                         help="on a GPU: bfloat16, CUDA graphs; writes robustness-gpu.json/.md")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    parser.add_argument("--refresh", type=Path, metavar="JSON",
+                        help="only redo the parts without servers (the drafter-assumption table, other tools' "
+                             "drafters) into this result and rewrite its .json and .md")
     args = parser.parse_args()
     if "mla" in args.styles and not (args.models / "MANIFEST.json").is_file():
         parser.error(f"no reference models in {args.models}: run `python3 -m kimi models make` first")
@@ -110,6 +159,14 @@ def main() -> int:
 
     log = logger("robustness")
     begin = time.monotonic()
+    if args.refresh:
+        result = json.loads(args.refresh.read_text())
+        result["refreshed"] = {**stamp("benchmarks/robustness.py", sys.argv[1:], python="python"),
+                               "parts": "drafter_assumptions" + ("" if args.no_other_tools else ", other_tools")}
+        offline_parts(result, args, log)
+        write_json(args.refresh, result)
+        write_lines(args.refresh.with_suffix(".md"), markdown(result))
+        return 0 if result.get("other_tools", {"lossless": True})["lossless"] else 1
     result = {**stamp("benchmarks/robustness.py", sys.argv[1:], python="python"), "cpu": cpu_name(),
               "device": describe(device()),
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "openai": openai.__version__},
@@ -129,8 +186,13 @@ def main() -> int:
         result["seconds"] = round(time.monotonic() - begin)
         write_json(args.out / f"{name}.json", result)
         write_lines(args.out / f"{name}.md", markdown(result))
+    offline_parts(result, args, log)
+    result["seconds"] = round(time.monotonic() - begin)
+    write_json(args.out / f"{name}.json", result)
+    write_lines(args.out / f"{name}.md", markdown(result))
     print("\n".join(markdown(result)))
-    return 1 if any("error" in run for run in result["styles"].values()) else 0
+    failed = any("error" in run for run in result["styles"].values())
+    return 1 if failed or not result.get("other_tools", {"lossless": True})["lossless"] else 0
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ from kimi.log import say
 
 PYTEST_NO_TESTS = 5
 
+#: What the tests of other tools' drafters import (``tests/test_drafter_other_tools.py``): the ``speculators``
+#: library and what it imports that the venv lacks, installed without dependencies, as a plain install would
+#: replace the venv's CPU torch with a CUDA one (docs/drafters.md).
+TEST_NO_DEPS = ("speculators==0.9.0", "hs-connectors==0.9.0", "datasets==5.1.0", "fsspec==2026.7.0",
+                "multiprocess==0.70.19", "pandas==3.1.1", "pyarrow==26.0.1", "xxhash==4.1.0")
+
 #: What the fork's own tools need beyond vLLM's requirements, installed into every venv ``kimi setup`` makes:
 #: matplotlib draws the PNG charts of ``kimi train report`` and ``benchmarks/acceptance.py``.
 TOOLS = ("matplotlib",)
@@ -253,9 +259,11 @@ def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str 
     """The README's test command; returns pytest's exit status (5, no tests, becomes 1)."""
     layout = line_layout(layout, line)
     python = _ensure_env_at(layout, line, venv, kernels, None)
+    pip_env = {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))}
     _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
-                {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))},
-                layout.root)
+                pip_env, layout.root)
+    _run_logged([str(python), "-m", "pip", "install", "--no-deps", *TEST_NO_DEPS],
+                layout.private / "logs" / "pip-test-extras.log", pip_env, layout.root)
     # a line with a test folder of its own (the origin line) runs it; the others (v0.26) the mainline's suite
     tests = f"tests/{line}" if (layout.root / "tests" / line).is_dir() else "tests"
     named = [a for a in pytest_args or [] if a.startswith("tests/")]  # tests named: run just those

@@ -145,12 +145,13 @@ def modelopt_drafter(path: Path, ids: list[int] = (1, 29, 57), dims: dict = KIMI
 
 def mla_drafter(path: Path, ids: list[int] | None = (2, 30, 58), dims: dict = KIMI,
                 model_type: str = "kimi_k2") -> Path:
-    """MLA-style (``Eagle3DeepseekV3ForCausalLM``): one DeepSeek-V3 attention layer."""
-    h = dims["hidden"]
+    """MLA-style (``Eagle3DeepseekV3ForCausalLM``): one DeepSeek-V3 attention layer (query LoRA rank
+    ``dims["q_lora"]``, Kimi's 1536 when absent)."""
+    h, q_lora = dims["hidden"], dims.get("q_lora", 1536)
     config = {
         "architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": model_type, "hidden_size": h,
         "num_hidden_layers": 1, "num_attention_heads": dims["heads"], "num_key_value_heads": dims["heads"],
-        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "kv_lora_rank": 512, "q_lora_rank": dims.get("q_lora", 1536), "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
         "v_head_dim": 128, "intermediate_size": dims["intermediate"], "vocab_size": dims["target_vocab"],
         "draft_vocab_size": dims["draft_vocab"], "max_position_embeddings": dims["max_positions"],
         "rms_norm_eps": 1e-6, "target_hidden_size": h, "torch_dtype": "bfloat16",
@@ -159,9 +160,11 @@ def mla_drafter(path: Path, ids: list[int] | None = (2, 30, 58), dims: dict = KI
         config["eagle_aux_hidden_state_layer_ids"] = list(ids)
     p = "midlayer."
     tensors = {
-        f"{p}self_attn.q_a_proj.weight": ("BF16", (1536, 2 * h), None),
-        f"{p}self_attn.q_b_proj.weight": ("BF16", (dims["heads"] * 192, 1536), None),
+        f"{p}self_attn.q_a_proj.weight": ("BF16", (q_lora, 2 * h), None),
+        f"{p}self_attn.q_a_layernorm.weight": ("BF16", (q_lora,), None),
+        f"{p}self_attn.q_b_proj.weight": ("BF16", (dims["heads"] * 192, q_lora), None),
         f"{p}self_attn.kv_a_proj_with_mqa.weight": ("BF16", (576, 2 * h), None),
+        f"{p}self_attn.kv_a_layernorm.weight": ("BF16", (512,), None),
         f"{p}self_attn.kv_b_proj.weight": ("BF16", (dims["heads"] * 256, 512), None),
         f"{p}self_attn.o_proj.weight": ("BF16", (h, dims["heads"] * 128), None),
         **{k: v for k, v in llama_layer_tensors(p, dims).items() if "self_attn" not in k},

@@ -243,3 +243,16 @@ def test_sharded_checkpoint_reads_the_index(tmp_path: Path, target: Path) -> Non
     result = subprocess.run([sys.executable, "-m", "kimi", "drafter", "inspect", str(drafter)], capture_output=True,
                             text=True, cwd=ROOT)
     assert result.returncode == 1 and "lists model-00002-of-00002.safetensors, missing" in result.stderr
+
+
+@pytest.mark.parametrize("factor, problem", [(64.0, None), (32.0, "covers 131072 positions but the target serves")])
+def test_yarn_rope_covers_original_positions_times_factor(tmp_path: Path, target: Path, factor: float,
+                                                          problem: str | None) -> None:
+    """vLLM sizes a YaRN cache from original_max_position_embeddings x factor, not max_position_embeddings."""
+    yarn = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096}
+    drafter = toplevel_drafter(tmp_path / "d", max_position_embeddings=131072, rope_scaling=yarn)
+    code, report = inspect_json(drafter, target)
+    if problem is None:
+        assert code == 0 and report["problems"] == [], report["problems"]
+    else:
+        assert code == 1 and any(problem in p for p in report["problems"]), report["problems"]

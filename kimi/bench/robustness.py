@@ -287,7 +287,7 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
     with started("spec", server_args(speculative, kv_bytes, gpu=gpu)) as server:
         probes = probe_calls(pool)
         probed = send_all(client(server.base), target, probes, concurrent=False)
-        plan["stop"], result["stops_inside_accepted_draft"] = stop_calls(probes, probed, decode)
+        plan["stop"], result["stops_inside_multi_token_chunks"] = stop_calls(probes, probed, decode)
         spec = run_calls(server, plan, log)
         result["bad_requests"] = bad_requests(server)
         result["counters"] = metrics_check(spec_counters(server.metrics()))

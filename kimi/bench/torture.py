@@ -4,7 +4,8 @@
 A :class:`Call` is one ``client.completions.create(...)``; :func:`send` runs it with a time bound and records the
 outcome without raising (an HTTP error is a status, a timeout is a hang, a refused connection a crash).
 :func:`scenarios` builds the calls from a :class:`PromptPool`; :func:`stop_calls` places stop strings and
-``max_tokens`` inside the multi-token steps (accepted drafts) seen in streamed probes. Needs ``openai`` (a vLLM
+``max_tokens`` inside the multi-token chunks seen in streamed probes (accepted drafts: a chunk carries one engine
+step's tokens, or several steps the server coalesced when the client read late). Needs ``openai`` (a vLLM
 dependency) when a call is sent.
 """
 
@@ -235,7 +236,8 @@ def probe_calls(pool: PromptPool, count: int = 4, tokens: int = 64) -> list[Call
 
 
 def stop_calls(probes: list[Call], outcomes: dict[str, Outcome], decode) -> tuple[list[Call], int]:
-    """Calls that end inside the first multi-token step (accepted drafts) of each probe after its first step:
+    """Calls that end inside the first multi-token chunk of each probe after its first chunk (an accepted draft,
+    or steps the server coalesced; see the module docstring):
     ``max_tokens`` one past the step's first token, and a stop string made of the step's later tokens.
 
     ``decode`` maps token ids to text (the target's tokenizer). Returns ``(calls, inside)``: ``inside`` counts the

@@ -5,7 +5,8 @@ top-level ``eagle_aux_hidden_state_layer_ids`` (state entering layer k),
 ``eagle_aux_hidden_state_layer_ids_convention: layer_input``,
 ``num_aux_hidden_states``, and no nested ids left to be misread.  A
 speculators checkpoint becomes the Llama-style layout (``transformer_layer_config``
-flattened, ``LlamaForCausalLMEagle3``, ``layers.0.*`` renamed ``midlayer.*``).
+flattened, ``LlamaForCausalLMEagle3``, ``layers.0.*`` renamed ``midlayer.*``; its ``auto_map`` and the
+``config.py`` it names, speculators' own config class, left out).
 Where the source has no ids, the target's depth decides them (``--target``).
 
 DST is written into a temporary folder beside it and renamed into place, so
@@ -26,7 +27,15 @@ from kimi.drafter.inspect import Report, inspect
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, staged_folder, write_atomic
 
-_SPECULATORS_KEYS = ("speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config")
+_SPECULATORS_KEYS = ("speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config",
+                     "auto_map")
+
+
+def _remote_code_files(cfg: dict) -> set[str]:
+    """The local Python files a config's ``auto_map`` names (``config.Eagle3SpeculatorConfig`` -> ``config.py``)."""
+    auto_map = cfg.get("auto_map")
+    refs = auto_map.values() if isinstance(auto_map, dict) else []
+    return {f"{ref.rsplit('.', 1)[0]}.py" for ref in refs if isinstance(ref, str) and "." in ref and "--" not in ref}
 
 
 def _converted_config(cfg: dict, report: Report, ids: list[int]) -> dict:
@@ -50,14 +59,15 @@ def _converted_config(cfg: dict, report: Report, ids: list[int]) -> dict:
     return out
 
 
-def _copy_weights(src: Path, dst: Path, rename: bool) -> None:
-    """Copy the checkpoint's files (renaming ``layers.0.`` to ``midlayer.`` in safetensors when asked)."""
+def _copy_weights(src: Path, dst: Path, rename: bool, leave_out: set[str]) -> None:
+    """Copy the checkpoint's files but ``leave_out`` (renaming ``layers.0.`` to ``midlayer.`` in safetensors when
+    asked)."""
 
     def renamed(name: str) -> str:
         return f"midlayer.{name[len('layers.0.'):]}" if name.startswith("layers.0.") else name
 
     for file in sorted(src.iterdir()):
-        if file.name == "config.json" or not file.is_file():
+        if file.name == "config.json" or file.name in leave_out or not file.is_file():
             continue
         if rename and file.suffix == ".safetensors":
             from safetensors.torch import load_file, save_file
@@ -114,8 +124,11 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
 
     try:
         with staged_folder(dst) as staging:
-            _copy_weights(src, staging, rename=report.format == "speculators")
-            config = _converted_config(read_config(src), report, list(ids))
+            source = read_config(src)
+            speculators = report.format == "speculators"
+            _copy_weights(src, staging, rename=speculators,
+                          leave_out=_remote_code_files(source) if speculators else set())
+            config = _converted_config(source, report, list(ids))
             write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")
     except KimiError:
         raise

@@ -13,7 +13,10 @@ Reads ``config.json`` and safetensors headers only (plus the small ``d2t`` /
 
 Vocabulary maps (EAGLE-3 reference layout): ``d2t`` holds int64 offsets, so a
 draft id ``i`` maps to target id ``i + d2t[i]``; ``t2d`` is a bool mask over
-the target vocabulary with one true entry per draft id.
+the target vocabulary with one true entry per draft id (vLLM never reads it).
+The tensors are held against what vLLM builds from the config by
+:mod:`kimi.drafter.layout`; ``docs/drafter-assumptions.md`` lists every check
+with what vLLM 0.32.0 does without it.
 """
 
 from __future__ import annotations
@@ -23,18 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
+from kimi.drafter import layout
 from kimi.drafter.checkpoint import Checkpoint, read_config, text_config
-from kimi.drafter.conventions import AuxIds, check_ids, read_aux_ids
+from kimi.drafter.conventions import LAYER_OUTPUT, AuxIds, check_ids, read_aux_ids
 from kimi.errors import KimiError
 
 FORMATS = ("eagle3-llama", "speculators", "modelopt", "eagle3-mla")
-_MODELOPT_KEYS = {"use_aux_hidden_state", "use_input_layernorm_in_first_layer", "use_last_layernorm",
-                  "eagle_decoder_type", "use_mtp_layernorm"}
+# (not ``use_aux_hidden_state``: SpecForge writes it too, configs/deepseek-v3-671b-eagle3.json)
+_MODELOPT_KEYS = {"use_input_layernorm_in_first_layer", "use_last_layernorm", "eagle_decoder_type",
+                  "use_mtp_layernorm"}
 # RoPE variants whose frequencies do not depend on max_position_embeddings: raising it only
 # lengthens the cos/sin cache (vllm/model_executor/layers/rotary_embedding: default, linear, llama3).
 CACHE_ONLY_ROPE = (None, "default", "linear", "llama3")
 # Findings that stop `kimi drafter convert` (the rest are warnings).
 CONVERT_BLOCKING = ("config", "ids", "shape", "vocab", "convention", "format")
+_T2D_UNREAD = " (vLLM never reads t2d, so it serves the drafter; other servers may use it)"
 
 
 def positive_int(value: object) -> int | None:
@@ -76,7 +82,11 @@ class Target:
 
 @dataclass
 class Report:
-    """The result of an inspection; ``as_dict`` is the ``--json`` form."""
+    """The result of an inspection; ``as_dict`` is the ``--json`` form.
+
+    ``findings`` are (kind, sentence) pairs, the problems; ``notes`` say where the fork serves the drafter
+    otherwise than vLLM 0.32.0 would read it (translated or defaulted aux layer ids), which is not a problem.
+    """
 
     path: str
     format: str
@@ -94,6 +104,7 @@ class Report:
     rope: dict
     target: dict | None
     findings: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
@@ -116,7 +127,7 @@ class Report:
             "aux_layer_ids_field": self.aux.where, "convention": self.aux.convention,
             "convention_evidence": self.aux.evidence, "aux_layer_ids": self.aux_layer_ids,
             "fc_hidden_states": self.fc_hidden_states, "rope": self.rope, "target": self.target,
-            "problems": self.problems,
+            "problems": self.problems, "notes": self.notes,
         }
 
     def render(self) -> str:
@@ -134,6 +145,7 @@ class Report:
             f"vLLM ids       {self.aux_layer_ids} (state entering layer k); fc takes {self.fc_hidden_states} states",
             f"RoPE           {self.rope.get('summary')}",
         ]
+        rows += [f"note           {n}" for n in self.notes]
         rows += [f"problem        {p}" for p in self.problems] or ["problems       none"]
         return "\n".join(rows)
 
@@ -173,51 +185,78 @@ def vllm_architecture(cfg: dict, fmt: str) -> str:
     return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else f"Eagle3{arch}"
 
 
-def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None, target_vocab: int | None) -> tuple[dict, list[str]]:
+def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None,
+               target_vocab: int | None) -> tuple[dict, list[tuple[str, str]]]:
+    """(summary of ``d2t`` / ``t2d``, findings): kind ``vocab`` for ``d2t``, ``t2d`` for ``t2d``, which vLLM never
+    reads (``load_weights`` of both EAGLE-3 drafter classes skips every name containing "t2d")."""
     info: dict = {"d2t": "d2t" in ckpt.tensors, "t2d": "t2d" in ckpt.tensors}
-    problems = []
+    found: list[tuple[str, str]] = []
+
+    def add(kind: str, text: str) -> None:
+        found.append((kind, text + (_T2D_UNREAD if kind == "t2d" else "")))
+
     if not info["d2t"]:
         if ckpt.has_weights and draft_vocab and target_vocab and draft_vocab != target_vocab:
-            problems.append(f"no d2t tensor but the draft vocabulary ({draft_vocab}) is smaller than the target's "
-                            f"({target_vocab}): draft ids cannot be mapped to target ids")
+            add("vocab", f"no d2t tensor but the draft vocabulary ({draft_vocab}) is smaller than the target's "
+                         f"({target_vocab}): vLLM 0.32.0 then maps every draft id i to target id i, without an "
+                         "error, and the drafts are wrong")
         info["summary"] = "absent" if ckpt.has_weights else "not read (no weight files)"
-        return info, problems
+        return info, found
     d2t_info = ckpt.tensors["d2t"]
     if d2t_info.dtype not in ("I64", "I32") or len(d2t_info.shape) != 1 or d2t_info.shape[0] == 0:
-        problems.append(f"d2t must be a non-empty 1-D int64 tensor of draft-to-target offsets, not "
-                        f"{d2t_info.dtype}{list(d2t_info.shape)}")
+        add("vocab", f"d2t must be a non-empty 1-D int64 tensor of draft-to-target offsets, not "
+                     f"{d2t_info.dtype}{list(d2t_info.shape)}")
         info["summary"] = "malformed d2t"
-        return info, problems
+        return info, found
     d2t = ckpt.read("d2t").astype(np.int64)
     mapped = np.arange(d2t.shape[0], dtype=np.int64) + d2t
     info.update(d2t_len=int(d2t.shape[0]), min_target_id=int(mapped.min()), max_target_id=int(mapped.max()))
     if draft_vocab and d2t.shape[0] != draft_vocab:
-        problems.append(f"d2t has {d2t.shape[0]} entries but the draft vocabulary has {draft_vocab}")
+        add("vocab", f"d2t has {d2t.shape[0]} entries but the draft vocabulary has {draft_vocab}")
     if target_vocab and (mapped.min() < 0 or mapped.max() >= target_vocab):
         outside = int(((mapped < 0) | (mapped >= target_vocab)).sum())
-        problems.append(f"d2t maps {outside} draft ids outside the target vocabulary 0..{target_vocab - 1} "
-                        f"(target ids {int(mapped.min())}..{int(mapped.max())})")
+        add("vocab", f"d2t maps {outside} draft ids outside the target vocabulary 0..{target_vocab - 1} "
+                     f"(target ids {int(mapped.min())}..{int(mapped.max())})")
     if len(np.unique(mapped)) != len(mapped):
-        problems.append("d2t maps several draft ids to the same target id")
+        add("vocab", "d2t maps several draft ids to the same target id")
     if info["t2d"]:
         t2d_info = ckpt.tensors["t2d"]
         if t2d_info.dtype != "BOOL" or len(t2d_info.shape) != 1:
-            problems.append(f"t2d must be a 1-D bool mask over the target vocabulary, not "
-                            f"{t2d_info.dtype}{list(t2d_info.shape)}")
+            add("t2d", f"t2d must be a 1-D bool mask over the target vocabulary, not "
+                       f"{t2d_info.dtype}{list(t2d_info.shape)}")
             info["summary"] = "malformed t2d"
-            return info, problems
+            return info, found
         t2d = ckpt.read("t2d")
         info.update(t2d_len=int(t2d.shape[0]), t2d_true=int(t2d.sum()))
         if target_vocab and t2d.shape[0] != target_vocab:
-            problems.append(f"t2d covers {t2d.shape[0]} ids but the target vocabulary has {target_vocab}")
+            add("t2d", f"t2d covers {t2d.shape[0]} ids but the target vocabulary has {target_vocab}")
         if int(t2d.sum()) != d2t.shape[0]:
-            problems.append(f"t2d marks {int(t2d.sum())} target ids but the draft vocabulary has {d2t.shape[0]}")
+            add("t2d", f"t2d marks {int(t2d.sum())} target ids but the draft vocabulary has {d2t.shape[0]}")
         inside = mapped[(mapped >= 0) & (mapped < t2d.shape[0])]
         if not t2d[inside].all():
-            problems.append("t2d does not mark every target id that d2t maps to")
+            add("t2d", "t2d does not mark every target id that d2t maps to")
     info["summary"] = (f"{info['d2t_len']} draft ids -> target ids {info['min_target_id']}..{info['max_target_id']}"
                        + (f"; t2d marks {info['t2d_true']} of {info['t2d_len']}" if info["t2d"] else "; no t2d"))
-    return info, problems
+    return info, found
+
+
+def _logits_width(vocab_map: dict, own_vocab: int | None, draft_vocab: int | None,
+                  target_vocab: int | None) -> list[tuple[str, str]]:
+    """The drafter's ``vocab_size`` as the width ``compute_logits`` scatters the draft logits into (both EAGLE-3
+    classes): a larger one than the target's is harmless for drafting, a narrower one fails the first step."""
+    if not own_vocab or not target_vocab or own_vocab == target_vocab:
+        return []
+    top = vocab_map.get("max_target_id")
+    if top is not None and top >= own_vocab and top < target_vocab:
+        text = (f"d2t maps draft ids to target ids up to {top} but the drafter's vocab_size is {own_vocab}: vLLM "
+                "0.32.0 scatters the draft logits into a row of vocab_size and fails at the first draft step")
+        return [("vocab", text)]
+    if not vocab_map.get("d2t") and draft_vocab == target_vocab:
+        text = (f"the drafter's vocab_size {own_vocab} is not its draft vocabulary {draft_vocab} (the target's) "
+                "and there is no d2t: vLLM 0.32.0's compute_logits asserts vocab_size-wide logits and fails at the "
+                "first draft step")
+        return [("vocab", text)]
+    return []
 
 
 def rope_type(cfg: dict) -> str | None:
@@ -226,8 +265,21 @@ def rope_type(cfg: dict) -> str | None:
     return scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
 
 
+def rope_positions(cfg: dict) -> int | None:
+    """The positions the drafter's RoPE covers: for YaRN, ``original_max_position_embeddings x factor`` (vLLM's
+    ``get_rope`` sizes its cache from those, ``vllm/model_executor/layers/rotary_embedding/__init__.py``), else
+    ``max_position_embeddings``."""
+    own = positive_int(cfg.get("max_position_embeddings"))
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rope_type(cfg) in ("yarn", "deepseek_yarn") and isinstance(scaling, dict):
+        original, factor = scaling.get("original_max_position_embeddings"), scaling.get("factor")
+        if positive_int(original) and type(factor) in (int, float) and factor > 0:
+            return int(original * factor)
+    return own
+
+
 def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]]:
-    """The drafter's RoPE length against the positions it will be served at.
+    """The drafter's RoPE length (:func:`rope_positions`) against the positions it will be served at.
 
     Returns:
         (``{"max_position_embeddings", "rope_type", "served", "cache_only", "summary"}``, problems).
@@ -235,20 +287,21 @@ def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]
         serve time); too short with a length-dependent RoPE is.
     """
     own = positive_int(cfg.get("max_position_embeddings"))
+    covered = rope_positions(cfg)
     kind = rope_type(cfg)
     cache_only = kind in CACHE_ONLY_ROPE
     info = {"max_position_embeddings": own, "rope_type": kind or "default", "served": served_positions,
             "cache_only": cache_only}
     problems = []
-    if own is None or served_positions is None or own >= served_positions:
-        info["summary"] = f"{own} positions ({info['rope_type']}), served {served_positions}: ok"
+    if covered is None or served_positions is None or covered >= served_positions:
+        info["summary"] = f"{covered} positions ({info['rope_type']}), served {served_positions}: ok"
     elif cache_only:
         info["summary"] = (f"{own} positions < {served_positions} served; {info['rope_type']} RoPE depends only on "
                            "the position, so the fork raises the drafter's length at serve time")
     else:
-        info["summary"] = f"{own} positions < {served_positions} served, {kind} RoPE"
-        problems.append(f"the drafter's RoPE ({kind}) covers {own} positions but the target serves "
-                        f"{served_positions}: serve with --max-model-len {own} or use a drafter made for the "
+        info["summary"] = f"{covered} positions < {served_positions} served, {kind} RoPE"
+        problems.append(f"the drafter's RoPE ({kind}) covers {covered} positions but the target serves "
+                        f"{served_positions}: serve with --max-model-len {covered} or use a drafter made for the "
                         "longer context")
     return info, problems
 
@@ -305,14 +358,17 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
     if target and target_hidden and target_hidden != target.hidden_size:
         add("shape", f"the drafter expects target hidden states of width {target_hidden} but the target's hidden "
                      f"size is {target.hidden_size}: this drafter was made for another model")
-    if target and own_vocab and own_vocab != target.vocab_size:
-        add("vocab", f"the drafter's vocab_size {own_vocab} differs from the target's {target.vocab_size}")
     embed = ckpt.shape("embed_tokens.weight")
-    if embed and (len(embed) != 2 or (target_vocab and embed[0] != target_vocab) or (hidden and embed[1] != hidden)):
-        add("shape", f"embed_tokens.weight is {list(embed)}, expected [{target_vocab}, {hidden}] "
-                     "(target vocabulary x drafter hidden size)")
-    vocab_map, vocab_problems = _vocab_map(ckpt, draft_vocab, target_vocab)
-    findings += [("vocab", p) for p in vocab_problems]
+    rows = own_vocab or target_vocab  # vLLM builds embed_tokens with the drafter's vocab_size
+    if embed and (len(embed) != 2 or (rows and embed[0] != rows) or (hidden and embed[1] != hidden)):
+        add("shape", f"embed_tokens.weight is {list(embed)}, expected [{rows}, {hidden}] (vocab_size x hidden_size)")
+    if embed and target and own_vocab and own_vocab < target.vocab_size:
+        add("vocab", f"the drafter's vocab_size {own_vocab} is smaller than the target's {target.vocab_size}: its "
+                     f"embed_tokens has no row for target ids {own_vocab} and up")
+    vocab_map, vocab_findings = _vocab_map(ckpt, draft_vocab, target_vocab)
+    findings += vocab_findings
+    findings += _logits_width(vocab_map, own_vocab, draft_vocab, target_vocab)
+    findings += layout.findings(ckpt, target.vocab_size if target else None, target.hidden_size if target else None)
 
     fc = ckpt.shape("fc.weight")
     fc_states = None
@@ -342,6 +398,7 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
     elif ids is not None and fc_states is not None and fc_states != len(ids):
         findings += [("ids", p) for p in check_ids(ids, max(ids) + 1, fc_states)]
 
+    notes = _id_notes(cfg, aux, ids, target)
     served = served_positions or (target.max_positions if target else None)
     number(layer_cfg, "max_position_embeddings")
     rope, rope_problems = rope_check(layer_cfg, served)
@@ -351,5 +408,33 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
         model_type=str(layer_cfg.get("model_type", "")), hidden_size=hidden, target_hidden_size=target_hidden,
         draft_vocab_size=draft_vocab, target_vocab_size=target_vocab, vocab_map=vocab_map, aux=aux,
         aux_layer_ids=list(ids) if ids is not None else None, fc_hidden_states=fc_states, rope=rope,
-        target=None if target is None else vars(target), findings=findings,
+        target=None if target is None else vars(target), findings=findings, notes=notes,
     )
+
+
+def _id_notes(cfg: dict, aux: AuxIds, ids: tuple[int, ...] | None, target: Target | None) -> list[str]:
+    """Where the served aux ids differ from what vLLM 0.32.0 reads (``gpu_model_runner.py``,
+    ``_get_eagle3_aux_layers_from_config``: top-level ids, else nested ``eagle_config`` ids, literally; else
+    ``(2, L // 2, L - 3)``, ``interfaces.py``), and a ``num_aux_hidden_states`` that the fork rewrites (the
+    drafter classes size ``fc`` from it)."""
+    if ids is None or aux.malformed:
+        return []
+    stated = cfg.get("num_aux_hidden_states")
+    if stated is not None and stated != len(ids):
+        text = (f"num_aux_hidden_states {stated!r} in config.json but {len(ids)} aux layer ids: vLLM 0.32.0 sizes "
+                f"the drafter's fc for {stated!r} states and stops with a shape error after loading; the fork "
+                f"writes {len(ids)}")
+        return [text]
+    if aux.convention == LAYER_OUTPUT:
+        text = (f"aux layer ids {list(aux.written)} in {aux.where} are 'output of layer k' ({aux.evidence}): vLLM "
+                f"0.32.0 would capture the states entering layers {list(aux.written)}, one layer early, and lose "
+                f"the acceptance without an error; the fork serves them as {list(ids)}")
+        return [text]
+    if aux.written is None and target is not None:
+        layers = target.num_layers
+        upstream = [2, layers // 2, layers - 3]
+        same = "the same" if list(ids) == upstream else f"vLLM 0.32.0 takes {upstream}, which collide"
+        text = (f"no aux layer ids in config.json: served with the defaults {list(ids)} for the {layers}-layer "
+                f"target ({same}); a drafter trained on other layers loses its acceptance without an error")
+        return [text]
+    return []

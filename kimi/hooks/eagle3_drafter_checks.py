@@ -10,7 +10,10 @@ Reached through one hook call in ``vllm/config/speculative.py`` (patch
 2. runs ``kimi drafter inspect``'s checks against the target as vLLM has
    configured it: ids in range, not repeated, as many as the drafter's ``fc``
    takes (safetensors header); the drafter's target hidden size and
-   vocabulary; ``d2t`` / ``t2d`` within the target vocabulary;
+   vocabulary; ``d2t`` within the target vocabulary; every tensor against the
+   shape its config gives it, and tensors vLLM would serve uninitialised,
+   reject or drop (:mod:`kimi.drafter.layout`; ``docs/drafter-assumptions.md``);
+   a ``t2d`` that disagrees is only logged (vLLM never reads it);
 3. raises the drafter's ``max_position_embeddings`` to the served context
    where its RoPE only caches positions, or fails clearly where it does not;
 4. writes the ids to the draft config's top-level
@@ -38,7 +41,7 @@ class DrafterConfigError(ValueError):
 
 
 # Findings that stop start-up; a guessed convention is read literally (as upstream does) with a
-# warning, and an unknown layout is left to vLLM's own loader.
+# warning, an unknown layout is left to vLLM's own loader, and a bad t2d (which vLLM never reads) is a warning.
 SERVE_BLOCKING = ("config", "ids", "shape", "vocab", "rope")
 
 #: ``model_type`` of the targets whose decoder is vLLM's ``DeepseekV2Model`` (DeepSeek-V2/V3/R1/V3.2, Kimi-K2, and
@@ -85,9 +88,11 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
     Raises:
         DrafterConfigError: malformed or unusable ids (out of range, repeated,
             not matching the drafter's ``fc``), a drafter made for another
-            hidden size or vocabulary, bad ``d2t``/``t2d``, a RoPE that
-            cannot cover the served context, or pipeline parallelism on a
-            DeepSeek-V3 / Kimi target (:func:`check_pipeline_parallel`).
+            hidden size or vocabulary, a bad ``d2t``, tensors that do not fit
+            the config or that vLLM would serve uninitialised, reject or drop
+            (:func:`kimi.drafter.layout.findings`), a RoPE that cannot cover
+            the served context, or pipeline parallelism on a DeepSeek-V3 /
+            Kimi target (:func:`check_pipeline_parallel`).
     """
     log = _logger()
     draft, target_config = spec_config.draft_model_config, spec_config.target_model_config
@@ -110,7 +115,7 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
             f"target; `kimi drafter inspect {name} --target {target_config.model}` shows what was found and "
             "`kimi drafter convert` writes the ids."
         )
-    for warning in report.blocking(("convention", "format")):
+    for warning in report.blocking(("convention", "format", "t2d")):
         log.warning("EAGLE-3 drafter %s: %s", name, warning)
     ids = tuple(report.aux_layer_ids)
     aux = report.aux
@@ -129,7 +134,7 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
     hf.eagle_aux_hidden_state_layer_ids = list(ids)
     hf.num_aux_hidden_states = len(ids)
     own = report.rope["max_position_embeddings"]
-    if own is not None and own < served:  # cache-only here: a length-dependent RoPE is a blocking finding
+    if own is not None and own < served and report.rope["cache_only"]:  # a short length-dependent one blocks
         log.warning("EAGLE-3 drafter %s: max_position_embeddings %d < served context %d; its %s RoPE depends only "
                     "on the position, so its length is raised to %d.", name, own, served, report.rope["rope_type"],
                     served)

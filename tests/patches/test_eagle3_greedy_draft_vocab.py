@@ -4,9 +4,10 @@ One subprocess loads the reference target with each reference drafter on CPU (vL
 the proposer's greedy hook with upstream's ``compute_logits(...).argmax(-1)`` (the full-vocabulary scatter)
 on random hidden states (``KIMI_DRAFT_GREEDY=auto``), then loads once more with the default, where the hook
 is on. Without the patch the proposer has no ``draft_greedy`` attribute. A third drafter has no ``lm_head`` in
-its checkpoint: the proposer then puts the target's head on it after loading (``_maybe_share_lm_head``), and a
-hook that kept the drafter's first head gave other ids than upstream's on every row (seen on the H200 with
-the Kimi slice's dummy weights: 58368 of 58368 draft rows).
+its checkpoint (served with the fork's start-up check off: the fork refuses it): the proposer then puts the
+target's head on it after loading (``_maybe_share_lm_head``), and a hook that kept the drafter's first head
+gave other ids than upstream's on every row (seen on the H200 with the Kimi slice's dummy weights: 58368 of
+58368 draft rows).
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ pytestmark = pytest.mark.install
 
 _SCRIPT = textwrap.dedent("""
     import json, os, sys, torch
+    import kimi.hooks.eagle3_drafter_checks as checks
     from vllm import LLM
-    models, out = sys.argv[1], {}
+    models, out, fork_check = sys.argv[1], {}, checks.prepare_eagle3_drafter
     def proposer(style):
+        # The fork refuses a drafter without lm_head over a smaller draft vocabulary (lm-head-absent in
+        # docs/drafter-assumptions.md); its start-up check is off for that one, as vLLM would serve it.
+        checks.prepare_eagle3_drafter = (lambda spec_config: None) if style == "llama-nohead" else fork_check
         llm = LLM(model=models + "/target", dtype="float32", max_model_len=256, enforce_eager=True,
                   kv_cache_memory_bytes=128 << 20, speculative_config={
                       "method": "eagle3", "model": f"{models}/drafter-{style}", "num_speculative_tokens": 2})

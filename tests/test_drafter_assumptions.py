@@ -1,0 +1,99 @@
+"""``kimi/drafter/assumptions.py``: every lying copy of a good drafter is named by ``kimi drafter inspect`` (and refused
+by ``vllm serve``'s start-up check where the entry says so); every valid variant is passed without a word.
+
+Good drafters: the shipped pair's Llama-style drafter (``models/pair``) and a small MLA-style one written here
+(``tests/drafters.py``) at the pair target's dimensions, both against the pair's target. No torch; what upstream
+does with the same copies is ``tests/patches/test_drafter_assumptions_upstream.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from drafters import mla_drafter
+
+pytest.importorskip("safetensors")
+
+from kimi.drafter.assumptions import (  # noqa: E402
+    ASSUMPTIONS,
+    OUTCOMES,
+    SERVES,
+    SERVES_SAME,
+    assumption_table,
+    make_copy,
+    message,
+)
+from kimi.drafter.inspect import inspect  # noqa: E402
+from kimi.hooks.eagle3_drafter_checks import SERVE_BLOCKING  # noqa: E402
+
+PAIR = ROOT / "models" / "pair"
+TARGET = PAIR / "target"
+# The pair target's dimensions (hidden 192, 6 layers, vocab 4096) for the MLA-style drafter.
+PAIR_DIMS = {"hidden": 192, "target_vocab": 4096, "draft_vocab": 1536, "heads": 2, "kv_heads": 2, "head_dim": 96,
+             "intermediate": 384, "max_positions": 8192, "q_lora": 64}
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    mla = mla_drafter(tmp_path_factory.mktemp("mla") / "drafter", [2, 4, 5], dims=PAIR_DIMS, model_type="kimi_k2")
+    return {"llama": PAIR / "drafter", "mla": mla}
+
+
+CASES = [(entry, style) for entry in ASSUMPTIONS for style in ("llama", "mla") if entry.layout in ("any", style)]
+
+
+def test_the_good_drafters_have_nothing_to_report(drafters: dict[str, Path]) -> None:
+    for path in drafters.values():
+        report = inspect(path, TARGET)
+        assert report.problems == [] and report.notes == [], (path, report.problems, report.notes)
+
+
+@pytest.mark.parametrize("entry, style", CASES, ids=[f"{e.name}-{s}" for e, s in CASES])
+def test_lying_copy_is_named_and_valid_variant_passes(entry, style: str, drafters: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    drafter = drafters[style]
+    if not entry.applies(drafter, TARGET):
+        pytest.skip(f"{entry.name} does not fit the {style} drafter")
+    report = inspect(make_copy(entry, drafter, TARGET, tmp_path / "copy"), TARGET)
+    said, refused = message(report), report.blocking(SERVE_BLOCKING)
+    if entry.valid:
+        assert said == "" and refused == [], said
+    else:
+        assert entry.needle in said, said
+        assert bool(refused) == entry.refused, (entry.refused, refused)
+
+
+def test_every_entry_is_described() -> None:
+    names = [entry.name for entry in ASSUMPTIONS]
+    assert len(names) == len(set(names))
+    for entry in ASSUMPTIONS:
+        assert entry.outcome in OUTCOMES and entry.reads and entry.upstream, entry.name
+        if entry.valid:
+            assert not entry.refused and entry.outcome in (SERVES, SERVES_SAME), entry.name
+    assert sum(entry.valid for entry in ASSUMPTIONS) >= 8
+
+
+def test_the_table_has_a_row_per_entry(drafters: dict[str, Path]) -> None:
+    rows = assumption_table(drafters["llama"], TARGET)
+    assert [row["name"] for row in rows] == [e.name for e in ASSUMPTIONS if e.applies(drafters["llama"], TARGET)]
+    for row in rows:
+        assert set(row) == {"name", "reads", "upstream_behaviour", "message", "valid", "refused"}
+        assert (row["message"] == "") == row["valid"], row
+        assert row["upstream_behaviour"].split(":")[0] in OUTCOMES, row
+    assert {r["name"] for r in rows if r["refused"]} >= {"tensor-absent", "d2t-absent", "lm-head-absent"}
+
+
+def test_a_sharded_drafter_cannot_be_lied_into(tmp_path: Path) -> None:
+    from kimi.errors import KimiError
+
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (sharded / name).write_bytes((PAIR / "drafter" / name).read_bytes())
+    (sharded / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    entry = next(e for e in ASSUMPTIONS if e.name == "tensor-absent")
+    with pytest.raises(KimiError, match="single model.safetensors"):
+        make_copy(entry, sharded, TARGET, tmp_path / "copy")
