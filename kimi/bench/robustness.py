@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from kimi.bench.parallel import tau
 from kimi.bench.torture import (
     DEF_REGEX,
     JSON_SCHEMA,
@@ -27,7 +28,7 @@ from kimi.bench.torture import (
     send_all,
     stop_calls,
 )
-from kimi.e2e.server import VllmServer, request, serve_args, spec_counters, vllm_command
+from kimi.e2e.server import VllmServer, metric_sums, request, serve_args, spec_counters, vllm_command
 
 #: Draft tokens per step.
 K = 3
@@ -64,12 +65,7 @@ def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = B
 
 def gauges(metrics: str) -> dict[str, float]:
     """:data:`GAUGES` in a ``/metrics`` text, summed over label sets (0 when absent)."""
-    found = dict.fromkeys(GAUGES, 0.0)
-    for line in metrics.splitlines():
-        match = re.match(r"^([a-z_:]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if match and match.group(1) in found:
-            found[match.group(1)] += float(match.group(2))
-    return found
+    return metric_sums(metrics, GAUGES)
 
 
 def wait_idle(server: VllmServer, bound: float = 60.0) -> bool:
@@ -262,8 +258,7 @@ def metrics_check(counters: dict[str, float]) -> dict:
     """The server's spec-decode counters, τ from them (1 + accepted / drafts) and whether they are consistent:
     accepted ≤ draft tokens ≤ k × drafts."""
     drafts, drafted, accepted = (counters[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
-    return {**counters, "tau": round(1 + accepted / drafts, 4) if drafts else None,
-            "consistent": accepted <= drafted <= K * drafts and drafts > 0}
+    return {**counters, "tau": tau(counters), "consistent": accepted <= drafted <= K * drafts and drafts > 0}
 
 
 def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, logs: Path, log,

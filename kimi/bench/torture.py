@@ -165,7 +165,8 @@ class PromptPool:
 
 
 def _greedy(max_tokens: int, **extra) -> dict:
-    """Parameters of a greedy request of exactly ``max_tokens`` tokens (EOS ignored), token ids returned."""
+    """Parameters of a greedy request of exactly ``max_tokens`` tokens (EOS ignored), token ids returned; ``extra``
+    joins vLLM's own fields (``extra_body``). A caller that samples overrides ``temperature`` after it."""
     return {"max_tokens": max_tokens, "temperature": 0.0,
             "extra_body": {"ignore_eos": True, "return_token_ids": True, **extra}}
 
@@ -202,20 +203,16 @@ def scenarios(pool: PromptPool, max_model_len: int) -> dict[str, list[Call]]:
                                     "json": JSON_SCHEMA, "disable_any_whitespace": True}}})
         add("structured_regex", {"prompt": pool.ids(40, 95 + i), "max_tokens": 24, "temperature": 0.0,
                                  "extra_body": {"return_token_ids": True, "structured_outputs": {"regex": DEF_REGEX}}})
-    mixed = [({}, "greedy"), ({}, "greedy"), ({"temperature": 0.8, "seed": 11}, "seeded"),
-             ({"temperature": 1.0, "top_p": 0.9, "seed": 12}, "seeded"),
-             ({"temperature": 1.0, "seed": 13, "extra_body": {"top_k": 20}}, "seeded"),
-             ({"temperature": 0.7, "top_p": 0.95, "seed": 14, "extra_body": {"top_k": 50}}, "seeded"),
-             ({"temperature": 1.0}, "none")]
-    for i, (sampling, compare) in enumerate(mixed):
-        params = {"prompt": pool.ids(56 + 8 * i, 100 + i), **_greedy(48)}
-        params.update({k: v for k, v in sampling.items() if k != "extra_body"})
-        params["extra_body"] = {**params["extra_body"], **sampling.get("extra_body", {})}
-        add("mixed_sampling", params, compare)
+    mixed = [({}, {}, "greedy"), ({}, {}, "greedy"), ({"temperature": 0.8, "seed": 11}, {}, "seeded"),
+             ({"temperature": 1.0, "top_p": 0.9, "seed": 12}, {}, "seeded"),
+             ({"temperature": 1.0, "seed": 13}, {"top_k": 20}, "seeded"),
+             ({"temperature": 0.7, "top_p": 0.95, "seed": 14}, {"top_k": 50}, "seeded"),
+             ({"temperature": 1.0}, {}, "none")]
+    for i, (sampling, extra, compare) in enumerate(mixed):
+        add("mixed_sampling", {"prompt": pool.ids(56 + 8 * i, 100 + i), **_greedy(48, **extra), **sampling}, compare)
     for i, top_k in enumerate((20, 5)):  # alone (sent one by one): steps without any draft token
-        add("lone_top_k", {"prompt": pool.ids(96, 105 + i), "temperature": 1.0, "seed": 21 + i,
-                           **{k: v for k, v in _greedy(48).items() if k != "temperature"},
-                           "extra_body": {**_greedy(48)["extra_body"], "top_k": top_k}}, "seeded")
+        add("lone_top_k", {"prompt": pool.ids(96, 105 + i), **_greedy(48, top_k=top_k), "temperature": 1.0,
+                           "seed": 21 + i}, "seeded")
     # vLLM refuses n > 1 with greedy sampling (bad_requests in kimi.bench.robustness has it): sampled here
     add("n_greater_than_1", {"prompt": pool.ids(64, 110), "n": 2, "seed": 5, **_greedy(32), "temperature": 0.8},
         "seeded")

@@ -101,14 +101,21 @@ def request(url: str, body: bytes | None = None, timeout: float = 300.0) -> Repl
         return Reply(err.code, err.read().decode("utf-8", "replace"))
 
 
-def spec_counters(metrics: str) -> dict[str, float]:
-    """The spec-decode counters in a Prometheus ``/metrics`` text, summed over label sets (0 when absent)."""
-    found = dict.fromkeys(SPEC_COUNTERS.values(), 0.0)
+def metric_sums(metrics: str, names) -> dict[str, float]:
+    """``{name: value}`` for each of ``names`` in a Prometheus ``/metrics`` text, summed over label sets (0 when
+    absent)."""
+    found = dict.fromkeys(names, 0.0)
     for line in metrics.splitlines():
         match = re.match(r"^([a-z_:]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if match and match.group(1) in SPEC_COUNTERS:
-            found[SPEC_COUNTERS[match.group(1)]] += float(match.group(2))
+        if match and match.group(1) in found:
+            found[match.group(1)] += float(match.group(2))
     return found
+
+
+def spec_counters(metrics: str) -> dict[str, float]:
+    """The spec-decode counters in a Prometheus ``/metrics`` text (keys of :data:`SPEC_COUNTERS`' values), summed
+    over label sets (0 when absent)."""
+    return {SPEC_COUNTERS[name]: value for name, value in metric_sums(metrics, SPEC_COUNTERS).items()}
 
 
 def accepted_per_position(metrics: str) -> list[float]:
