@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -57,7 +58,8 @@ def markdown(result: dict) -> list[str]:
     host = "" if result["device"].startswith("CPU") else f"; CPU: {result['cpu']}"
     lines = [*header("EAGLE-3 robustness: hard paths and real clients (issue 17)", result["command"],
                      result["date"]),
-             f"- device: {result['device']}{host}; vLLM {v['vllm']}, torch {v['torch']}, openai {v['openai']}",
+             (f"- device: {result['device']}{host}; vLLM {v['vllm']}, torch {v['torch']}, openai {v['openai']}; "
+              f"environment: {result.get('vllm_env') or 'no VLLM_ variables'}"),
              (f"- k = {result['k']}; every request bounded to {result['request_bound_s']:.0f} s (longer = a hang); "
               f"{result['seconds']} s in all"), ""]
     for style, run in result["styles"].items():
@@ -72,14 +74,17 @@ def markdown(result: dict) -> list[str]:
                    f"τ {c['tau']}, consistent (accepted ≤ drafted ≤ k × drafts): {c['consistent']}. Stop calls "
                    f"ending inside a multi-token chunk: {run['stops_inside_multi_token_chunks']}. Server alive after "
                    f"all: {run['server_alive_after']}."), "",
-                  ("| scenario | requests | greedy identical / total | seeded identical across chunkings | crashes | "
+                  ("| scenario | requests | greedy identical / total (control: no speculation, batched = alone) | "
+                   "seeded identical across chunkings | crashes | "
                    "hangs | errors | s | evidence |"), "|---|---|---|---|---|---|---|---|---|"]
         for name, row in run["scenarios"].items():
             evidence = {k: row[k] for k in row if k not in (
                 "requests", "identical", "total", "seeded_identical", "seeded_total", "differs", "crashes", "hangs",
-                "errors", "seconds")}
+                "errors", "seconds", "control_identical", "control_total")}
             seeded = f"{row['seeded_identical']} / {row['seeded_total']}" if row["seeded_total"] else "-"
-            lines.append(f"| {name} | {row['requests']} | {row['identical']} / {row['total']} | {seeded} | "
+            control = (f" (control {row['control_identical']} / {row['control_total']})"
+                       if "control_total" in row else "")
+            lines.append(f"| {name} | {row['requests']} | {row['identical']} / {row['total']}{control} | {seeded} | "
                          f"{row['crashes']} | {row['hangs']} | {len(row['errors'])} | {row['seconds']} | {evidence} |")
         lines += ["", "| request | HTTP status (expected) | message |", "|---|---|---|"]
         lines += [f"| {name} | {r['status']} ({r['expected']}) | {cell(r['message'][:120])} |"
@@ -95,6 +100,9 @@ def markdown(result: dict) -> list[str]:
                 lines.append(f"| {row['concurrency']} | {row['num_prompts']} | {row['completed']} | {row['failed']} | "
                              f"{row['duration']:.1f} | {row['output_throughput']:.0f} | "
                              f"{row['spec_decode_acceptance_length']:.3f} |")
+            failures = [f"- c = {row['concurrency']}: {count} × `{cell(error)}`" for row in run["bench_serve"]
+                        for error, count in row.get("errors", {}).items()]
+            lines += ["", "Failed requests' errors:", *failures] if failures else []
             lines.append("")
     for style, rows in result.get("drafter_assumptions", {}).items():
         lines += [f"## Drafter checkpoints that lie about themselves ({style}; docs/drafter-assumptions.md)", "",
@@ -118,8 +126,10 @@ def markdown(result: dict) -> list[str]:
                 lines.append(f"| {tool} | {row.get('format')} | error at {row.get('failed_at')} | "
                              f"{cell(row['error'][:150])} | |")
         lines.append("")
-    lines.append("Not shown here: throughput on a GPU (CPU output rates are not comparable), and sequences that "
-                 "numerics flip on bf16 (float32 here).")
+    dtypes = sorted({run["dtype"] for run in result["styles"].values() if "dtype" in run})
+    lines.append(f"Servers in {', '.join(dtypes) or 'the default dtype'}. Not shown here: throughput on a GPU where "
+                 "this ran on CPU (CPU output rates are not comparable), and whether the differences in bfloat16 "
+                 "are numerics or a bug beyond the control (the server without speculation, batched against alone).")
     return lines
 
 
@@ -144,7 +154,8 @@ def main() -> int:
     parser.add_argument("--no-other-tools", action="store_true",
                         help="leave out the drafters written by speculators and in SpecForge's layout")
     parser.add_argument("--gpu", action="store_true",
-                        help="on a GPU: bfloat16, CUDA graphs; writes robustness-gpu.json/.md")
+                        help="on a GPU: bfloat16, CUDA graphs, and the greedy calls also one by one without "
+                             "speculation (the control); writes robustness-gpu.json/.md")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
     parser.add_argument("--refresh", type=Path, metavar="JSON",
                         help="only redo the parts without servers (the drafter-assumption table, other tools' "
@@ -170,6 +181,7 @@ def main() -> int:
     result = {**stamp("benchmarks/robustness.py", sys.argv[1:], python="python"), "cpu": cpu_name(),
               "device": describe(device()),
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "openai": openai.__version__},
+              "vllm_env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("VLLM_")},
               "k": K, "request_bound_s": REQUEST_BOUND_S, "styles": {}}
     logs = args.out / "logs" / "robustness"
     name = "robustness-gpu" if args.gpu else "robustness"
@@ -180,7 +192,8 @@ def main() -> int:
         pool = PromptPool([t for ids in code_prompt_ids(target / "tokenizer.json", 48, 400) for t in ids])
         try:
             result["styles"][style] = run_style(style, str(target), str(drafter), pool, tokenizer.decode, logs, log,
-                                                bench=style == "llama" and not args.no_bench, gpu=args.gpu)
+                                                bench=style == "llama" and not args.no_bench, gpu=args.gpu,
+                                                control=args.gpu)
         except KimiError as exc:  # a server that did not start: kept, and the other styles still run
             result["styles"][style] = {"target": str(target), "drafter": str(drafter), "error": str(exc)[-3000:]}
         result["seconds"] = round(time.monotonic() - begin)

@@ -42,11 +42,13 @@ from kimi.log import say
 
 PYTEST_NO_TESTS = 5
 
-#: What the tests of other tools' drafters import (``tests/test_drafter_other_tools.py``): the ``speculators``
-#: library and what it imports that the venv lacks, installed without dependencies, as a plain install would
-#: replace the venv's CPU torch with a CUDA one (docs/drafters.md).
+#: What tests import beyond the venv, installed by ``kimi test`` without dependencies (a plain install would
+#: replace the venv's CPU torch with a CUDA one, docs/drafters.md): the ``speculators`` library and what it imports
+#: that the venv lacks (tests/test_drafter_other_tools.py), and accelerate.
 TEST_NO_DEPS = ("speculators==0.9.0", "hs-connectors==0.9.0", "datasets==5.1.0", "fsspec==2026.7.0",
-                "multiprocess==0.70.19", "pandas==3.1.1", "pyarrow==26.0.1", "xxhash==4.1.0")
+                "multiprocess==0.70.19", "pandas==3.1.1", "pyarrow==26.0.1", "xxhash==4.1.0",
+                # transformers loads an FP8 checkpoint only with accelerate (tests/test_quantize.py)
+                "accelerate==1.15.0")
 
 #: What the fork's own tools need beyond vLLM's requirements, installed into every venv ``kimi setup`` makes:
 #: matplotlib draws the PNG charts of ``kimi train report`` and ``benchmarks/acceptance.py``.

@@ -3,9 +3,11 @@ where it places stops, how it compares outcomes and reads /metrics."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from kimi.bench.robustness import MAX_MODEL_LEN, compare, gauges, metrics_check, server_args
+from kimi.bench.robustness import MAX_MODEL_LEN, compare, gauges, metrics_check, request_errors, server_args
 from kimi.bench.torture import PREFIX_TOKENS, Call, Outcome, PromptPool, scenarios, stop_calls
 
 
@@ -82,6 +84,12 @@ def test_compare_counts_identical_differing_crashed_and_hung_calls() -> None:
     assert row["differs"] == [{"call": "s/1", "choice": 0, "against": "nospec", "first_difference": 2},
                               {"call": "s/4", "choice": 1, "against": "spec_rechunked", "first_difference": 0}]
     assert len(row["errors"]) == 2
+    assert "control_total" not in row
+    # the control: the no-speculation server's batched answers against its answers to each call alone
+    alone = {"s/0": Outcome("ok", [_choice([1, 2, 3])]), "s/1": Outcome("ok", [_choice([1, 2, 9])])}
+    row = compare(plan, spec, nospec, rechunked, facts, alone)["s"]
+    assert (row["control_identical"], row["control_total"]) == (1, 2)
+    assert (row["identical"], row["total"]) == (1, 2)
 
 
 def test_evidence_of_preemption_structured_output_and_aborts() -> None:
@@ -116,7 +124,15 @@ def test_server_args() -> None:
     assert args[args.index("--max-num-batched-tokens") + 1] == "96"
     assert "--speculative-config" in args and "--enforce-eager" in args
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 20)
+    assert json.loads(args[args.index("--structured-outputs-config") + 1])["disable_any_whitespace"] is True
     assert "--speculative-config" not in server_args(None, 1 << 20)
     on_gpu = server_args(None, 1 << 20, gpu=True)
     assert "--enforce-eager" not in on_gpu and on_gpu[on_gpu.index("--dtype") + 1] == "bfloat16"
 
+
+
+def test_bench_serve_errors_are_counted_by_their_last_line() -> None:
+    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\naiohttp.ServerDisconnectedError: gone\n"
+    found = request_errors(["", traceback, "", traceback, "Bad Request", " "])
+    assert found == {"aiohttp.ServerDisconnectedError: gone": 2, "Bad Request": 1, "' '": 1}
+    assert request_errors(["", ""]) == {}

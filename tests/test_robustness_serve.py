@@ -52,7 +52,7 @@ def test_each_scenario_took_its_path(result: dict, style: str) -> None:
     for name in ("lone_top_k", "n_greater_than_1"):
         assert rows[name]["seeded_identical"] == rows[name]["seeded_total"] > 0, (name, rows[name]["differs"])
     assert rows["structured_regex"]["valid"] == rows["structured_regex"]["total"]
-    assert rows["structured_json"]["total"] == 3  # JSON the tiny models rarely close within 64 tokens: not asserted
+    assert rows["structured_json"]["valid"] == rows["structured_json"]["total"] == 3
     assert rows["streaming"]["multi_token_steps"] > 0 or style == "mla"  # the MLA drafter is random: ~never accepted
 
 

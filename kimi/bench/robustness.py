@@ -45,6 +45,11 @@ KV_CACHE_BYTES = {"llama": 12 << 20, "mla": 24 << 20}
 #: Concurrencies of ``vllm bench serve`` and its requests (input / output tokens).
 BENCH_CONCURRENCY = (1, 4, 16, 64)
 BENCH_TOKENS = (64, 32)
+#: Seconds the servers keep an idle HTTP connection open: longer than the clients' pools keep one (``vllm bench
+#: serve``'s aiohttp connector 60 s, the openai client's httpx 5 s), so that no request is sent on a connection the
+#: server is closing (uvicorn's default, vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s; the race fails a request with
+#: ServerDisconnectedError: vllm-project/vllm-omni#1374). A failed request is then the server's.
+KEEP_ALIVE_S = 75
 
 #: Prometheus gauges and counters read around scenarios (summed over label sets).
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
@@ -53,14 +58,23 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_pr
 
 def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = BATCHED_TOKENS,
                 gpu: bool = False) -> list[str]:
-    """``vllm serve`` flags of one torture server: a KV cache of ``kv_bytes``, seed 0, and on CPU float32 and eager;
-    on a GPU (``gpu``) bfloat16 with vLLM's defaults (torch.compile, CUDA graphs) and a low
-    ``gpu_memory_utilization`` (the fixed KV cache skips memory profiling; see :mod:`kimi.e2e.presets`)."""
+    """``vllm serve`` flags of one torture server: a KV cache of ``kv_bytes``, seed 0, and on CPU eager; on a GPU
+    (``gpu``) vLLM's defaults (torch.compile, CUDA graphs) and a low ``gpu_memory_utilization`` (the fixed KV cache
+    skips memory profiling; see :mod:`kimi.e2e.presets`); :func:`server_dtype`."""
     engine = {"max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": kv_bytes, "seed": 0, "max_num_seqs": 16,
-              "speculative_config": speculative,
-              **({"dtype": "bfloat16", "gpu_memory_utilization": 0.12} if gpu else
-                 {"dtype": "float32", "enforce_eager": True})}
-    return [*serve_args(engine), "--max-num-batched-tokens", str(batched_tokens)]
+              "speculative_config": speculative, "dtype": server_dtype(gpu),
+              **({"gpu_memory_utilization": 0.12} if gpu else {"enforce_eager": True})}
+    # JSON without free whitespace (the code model fills it with spaces until max_tokens): vLLM 0.32.0's xgrammar
+    # backend takes disable_any_whitespace from the server's config only (a request's is ignored), and the config
+    # accepts it only with the backend named
+    return [*serve_args(engine), "--max-num-batched-tokens", str(batched_tokens),
+            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+
+
+def server_dtype(gpu: bool) -> str:
+    """The servers' dtype: bfloat16 on a GPU (as users serve; vLLM 0.32.0 has no float32 MLA backend on CUDA),
+    float32 on CPU."""
+    return "bfloat16" if gpu else "float32"
 
 
 def gauges(metrics: str) -> dict[str, float]:
@@ -79,10 +93,10 @@ def wait_idle(server: VllmServer, bound: float = 60.0) -> bool:
     return False
 
 
-def run_calls(server: VllmServer, plan: dict[str, list[Call]], log) -> dict:
+def run_calls(server: VllmServer, plan: dict[str, list[Call]], log, one_by_one: bool = False) -> dict:
     """Send each scenario of ``plan`` (all its calls at once; ``prefix_cache``'s first call alone first, to fill
-    the cache; ``stop`` and ``lone_top_k`` one by one: ``stop`` so that its steps are the probe's) and wait for the
-    server to be idle after each.
+    the cache; ``stop`` and ``lone_top_k`` one by one: ``stop`` so that its steps are the probe's; every call one by
+    one with ``one_by_one``) and wait for the server to be idle after each.
 
     Returns ``{"outcomes": {name: Outcome}, "scenarios": {scenario: {"seconds", "preemptions", "prefix_cache_hits",
     "idle_after"}}}``.
@@ -96,7 +110,7 @@ def run_calls(server: VllmServer, plan: dict[str, list[Call]], log) -> dict:
             outcomes.update(send_all(openai_client, server.model, calls[:1]))
             outcomes.update(send_all(openai_client, server.model, calls[1:]))
         else:
-            alone = scenario in ("stop", "lone_top_k")
+            alone = one_by_one or scenario in ("stop", "lone_top_k")
             outcomes.update(send_all(openai_client, server.model, calls, concurrent=not alone))
         seconds = round(time.monotonic() - began, 1)
         idle = wait_idle(server) if server.proc and server.proc.poll() is None else False
@@ -148,10 +162,22 @@ def bad_requests(server: VllmServer) -> dict[str, dict]:
     return found
 
 
+def request_errors(errors: list[str]) -> dict[str, int]:
+    """``{error: how many requests failed with it}`` from the per-request ``errors`` of ``vllm bench serve``'s
+    result JSON ("" for a request that succeeded); each error cut to its last line (a traceback's exception)."""
+    found: dict[str, int] = {}
+    for error in errors:
+        if error:
+            last = (error.strip() or repr(error)).splitlines()[-1][:300]
+            found[last] = found.get(last, 0) + 1
+    return found
+
+
 def bench_serve(server: VllmServer, out: Path, seconds_per_run: float = 300.0) -> list[dict]:
     """``vllm bench serve`` (random dataset, :data:`BENCH_TOKENS`) at each of :data:`BENCH_CONCURRENCY` against
-    ``server``, ``2 c`` requests (at least 16); per run its JSON's request counts, throughput and spec-decode
-    counters, or ``{"error": ...}`` when the tool failed or ran past ``seconds_per_run``."""
+    ``server``, ``2 c`` requests (at least 16); per run its JSON's request counts, throughput, spec-decode
+    counters and the failed requests' errors (:func:`request_errors`), or ``{"error": ...}`` when the tool failed
+    or ran past ``seconds_per_run``."""
     rows = []
     for concurrency in BENCH_CONCURRENCY:
         name = f"bench-c{concurrency}.json"
@@ -159,8 +185,8 @@ def bench_serve(server: VllmServer, out: Path, seconds_per_run: float = 300.0) -
                server.model, "--endpoint", "/v1/completions", "--dataset-name", "random",
                "--random-input-len", str(BENCH_TOKENS[0]), "--random-output-len", str(BENCH_TOKENS[1]),
                "--num-prompts", str(max(16, 2 * concurrency)), "--max-concurrency", str(concurrency),
-               "--ignore-eos", "--seed", "0", "--save-result", "--result-dir", str(out), "--result-filename", name,
-               "--disable-tqdm"]
+               "--ignore-eos", "--seed", "0", "--save-result", "--save-detailed", "--result-dir", str(out),
+               "--result-filename", name, "--disable-tqdm"]
         row: dict = {"concurrency": concurrency, "command": " ".join(["vllm", *cmd[len(vllm_command()):]])}
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds_per_run)
@@ -173,17 +199,37 @@ def bench_serve(server: VllmServer, out: Path, seconds_per_run: float = 300.0) -
                     "num_prompts", "completed", "failed", "duration", "request_throughput", "output_throughput",
                     "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
                     "spec_decode_acceptance_length")})
+                row["errors"] = request_errors(found.get("errors") or [])
         except subprocess.TimeoutExpired:
             row["error"] = f"ran past {seconds_per_run:.0f} s"
         rows.append(row)
     return rows
 
 
-def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: dict, facts: dict) -> dict:
+def first_differences(ours: Outcome, other: Outcome) -> list[int | None]:
+    """Per pair of choices: None where token ids and finish reason are equal, else the index of the first token
+    that differs (the shorter length where one is a prefix of the other)."""
+    found: list[int | None] = []
+    for a, b in zip(ours.choices, other.choices, strict=False):
+        if a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"]:
+            found.append(None)
+            continue
+        pairs = zip(a["token_ids"], b["token_ids"], strict=False)
+        found.append(next((j for j, (x, y) in enumerate(pairs) if x != y),
+                          min(len(a["token_ids"]), len(b["token_ids"]))))
+    return found
+
+
+def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: dict, facts: dict,
+            alone: dict | None = None) -> dict:
     """Per scenario: requests; ``identical`` / ``total``: greedy choices equal to ``nospec``'s (tokens and finish
     reason); ``seeded_identical`` / ``seeded_total``: seeded choices equal to ``rechunked``'s; the choices that
     differ (``{"call", "choice", "against", "first_difference"}``), crashes, hangs, unplanned errors, seconds, and
-    what proves the path was taken (preemptions, prefix-cache hits, aborts, structured outputs that parse)."""
+    what proves the path was taken (preemptions, prefix-cache hits, aborts, structured outputs that parse).
+
+    With ``alone`` (the greedy calls sent one by one to the server without speculation), the control that tells
+    numerics from bugs: ``control_identical`` / ``control_total``, greedy choices of ``nospec`` (sent as a batch)
+    equal to the same server's answers alone, where speculation plays no part."""
     rows = {}
     for scenario, calls in plan.items():
         row = {"requests": len(calls), "identical": 0, "total": 0, "seeded_identical": 0, "seeded_total": 0,
@@ -201,18 +247,18 @@ def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: di
             other = {"nospec": nospec, "spec_rechunked": rechunked}.get(against, {}).get(call.name)
             if other is None:
                 continue
-            for i, (a, b) in enumerate(zip(ours.choices, other.choices, strict=False)):
+            for i, where in enumerate(first_differences(ours, other)):
                 row[f"{prefix}total"] += 1
-                if a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"]:
-                    row[f"{prefix}identical"] += 1
-                else:
-                    pairs = zip(a["token_ids"], b["token_ids"], strict=False)
-                    where = next((j for j, (x, y) in enumerate(pairs) if x != y),
-                                 min(len(a["token_ids"]), len(b["token_ids"])))
+                row[f"{prefix}identical"] += where is None
+                if where is not None:
                     row["differs"].append({"call": call.name, "choice": i, "against": against,
                                            "first_difference": where})
             if len(ours.choices) != len(other.choices):
                 row["errors"].append(f"{call.name}: {len(ours.choices)} choices against {len(other.choices)}")
+            if alone is not None and against == "nospec" and call.name in alone:
+                control = first_differences(other, alone[call.name])
+                row["control_total"] = row.get("control_total", 0) + len(control)
+                row["control_identical"] = row.get("control_identical", 0) + control.count(None)
         row.update(_evidence(scenario, calls, spec, nospec, facts[scenario]))
         rows[scenario] = row
     return rows
@@ -262,17 +308,21 @@ def metrics_check(counters: dict[str, float]) -> dict:
 
 
 def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, logs: Path, log,
-              bench: bool, gpu: bool = False) -> dict:
+              bench: bool, gpu: bool = False, control: bool = False) -> dict:
     """The torture run of one drafter style (see the module docstring): per-scenario rows, the bad-request
     statuses, the stop calls placed inside accepted drafts, the spec-decode counters, start-up seconds, and the
-    ``vllm bench serve`` rows when ``bench``; servers as :func:`server_args` makes them for ``gpu``."""
+    ``vllm bench serve`` rows when ``bench``; servers as :func:`server_args` makes them for ``gpu``, with
+    :data:`KV_CACHE_BYTES` halved for a 2-byte dtype (the same number of tokens). With ``control`` the greedy
+    calls also go one by one to the server without speculation (:func:`compare`'s ``control_*``)."""
     speculative = {"method": "eagle3", "model": drafter, "num_speculative_tokens": K}
     plan = scenarios(pool, MAX_MODEL_LEN)
-    kv_bytes = KV_CACHE_BYTES[style] // (2 if gpu else 1)
-    result: dict = {"target": target, "drafter": drafter, "kv_cache_bytes": kv_bytes, "start_s": {}}
+    dtype = server_dtype(gpu)
+    kv_bytes = KV_CACHE_BYTES[style] // (1 if dtype == "float32" else 2)
+    result: dict = {"target": target, "drafter": drafter, "dtype": dtype, "kv_cache_bytes": kv_bytes, "start_s": {}}
 
     def started(name: str, args: list[str]) -> VllmServer:
-        server = VllmServer(vllm_command(), target, args, logs / f"{style}-{name}.log")
+        server = VllmServer(vllm_command(), target, args, logs / f"{style}-{name}.log",
+                            env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)})
         began = time.monotonic()
         server.start()
         result["start_s"][name] = round(time.monotonic() - began, 1)
@@ -289,11 +339,15 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
         result["server_alive_after"] = server.proc is not None and server.proc.poll() is None
         if bench:
             result["bench_serve"] = bench_serve(server, logs / f"{style}-bench")
+    greedy = {s: [c for c in calls if c.compare == "greedy"] for s, calls in plan.items()}
     with started("nospec", server_args(None, kv_bytes, gpu=gpu)) as server:
         nospec = run_calls(server, plan, log)
+        alone = None
+        if control:
+            alone = run_calls(server, {s: calls for s, calls in greedy.items() if calls}, log, one_by_one=True)
     seeded = {s: [c for c in calls if c.compare == "seeded"] for s, calls in plan.items()}
     with started("spec_rechunked", server_args(speculative, kv_bytes, RECHUNKED_TOKENS, gpu)) as server:
         rechunked = run_calls(server, {s: calls for s, calls in seeded.items() if calls}, log)
     result["scenarios"] = compare(plan, spec["outcomes"], nospec["outcomes"], rechunked["outcomes"],
-                                  spec["scenarios"])
+                                  spec["scenarios"], alone and alone["outcomes"])
     return result

@@ -1,4 +1,5 @@
-"""``kimi models make|train-target|train-pair``: the reference models, made here, never downloaded."""
+"""``kimi models make|train-target|pick-target|train-pair|quantize``: the reference models, made here, never
+downloaded."""
 
 from __future__ import annotations
 
@@ -69,6 +70,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiny", action="store_true", help="a minute-sized pair for tests (not a useful drafter)")
     add_force(p, "train a pair made with another recipe again (its target too where the target settings differ)")
     p.set_defaults(func=cmd_train_pair)
+    p = cmds.add_parser(
+        "quantize", help="a bf16 target rewritten block-FP8 (DeepSeek-V3 / Kimi-K2) or INT4 experts (Kimi-K2.5)",
+        description="Rewrite a bf16 DeepSeek-V3-architecture target in a served checkpoint layout: fp8-block "
+                    "(e4m3 weights, float32 weight_scale_inv per block, quant_method fp8) or int4-experts (routed "
+                    "experts W4A16 in compressed-tensors' pack-quantized format, group-wise scales). Block and "
+                    "group are the published 128 and 32 where the target's widths allow, else the largest power "
+                    "of two below that they do (16 for the shipped pair). Written atomically, with a MANIFEST.json.")
+    p.add_argument("scheme", choices=("fp8-block", "int4-experts"), help="the layout to write")
+    p.add_argument("out", nargs="?", type=Path, default=None,
+                   help="folder to write (default: .kimi/models/quantized/SCHEME)")
+    p.add_argument("--source", type=Path, default=None, metavar="DIR",
+                   help="the bf16 target to quantize (default: the shipped pair's, models/pair/target)")
+    add_force(p, "replace an existing folder")
+    p.set_defaults(func=cmd_quantize)
 
 
 def cmd_make(args: argparse.Namespace, layout: Layout) -> int:
@@ -125,4 +140,14 @@ def cmd_train_pair(args: argparse.Namespace, layout: Layout) -> int:
 
     train_pair(args.out or layout.private / "models" / "trained", None if args.tiny else PAIR_RECIPES[args.recipe],
                force=args.force, tiny=args.tiny, target_from=args.target)
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi models quantize SCHEME [OUT]``: a quantized copy of a bf16 target (kimi.models.quantize)."""
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.quantize import quantize_target
+
+    quantize_target(args.source or SHIPPED_PAIR / "target", args.out or layout.private / "models" / "quantized" /
+                    args.scheme, args.scheme, force=args.force)
     return 0

@@ -202,6 +202,12 @@ def _d2t_outside(tensors: dict, cfg: dict, target: Path) -> None:
     tensors["d2t"] = RawTensor("I64", (len(offsets),), _int64(offsets))
 
 
+def _vocab_at_top_d2t_id(folder: Path, target: Path) -> None:
+    """Set ``vocab_size`` to the largest target id d2t maps to (draft id + offset), which is then out of range."""
+    offsets = _from_int64(read_all(_weights(folder))["d2t"].data)
+    _config(vocab_size=max(i + offset for i, offset in enumerate(offsets)))(folder, target)
+
+
 def _d2t_shorter(tensors: dict, cfg: dict, target: Path) -> None:
     offsets = _from_int64(tensors["d2t"].data)[:-1]
     tensors["d2t"] = RawTensor("I64", (len(offsets),), _int64(offsets))
@@ -390,8 +396,8 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                "fails at load", FAILS_AT_LOAD, _config(draft_vocab_size=_DROP),
                "draft_vocab_size is not in config.json", True),
     Assumption("vocab-size", _WIDTH, "d2t's target ids past vocab_size fail the first draft step (index error)",
-               FAILS_AT_STEP, _config(vocab_size=lambda c, t: t["vocab_size"] // 2),
-               "but the drafter's vocab_size is", True),
+               FAILS_AT_STEP, _vocab_at_top_d2t_id, "but the drafter's vocab_size is", True,
+               fits=lambda c, t: c.get("draft_vocab_size", t["vocab_size"]) < t["vocab_size"]),
     Assumption("d2t-absent", f"{_VOCAB}; {_LOAD}",
                "draft_id_to_target_id stays all zeros: draft id i is proposed as target id i, without an error",
                SERVES_WRONG, _drop("d2t"), "no d2t tensor", True),

@@ -48,6 +48,35 @@ def positive_int(value: object) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
+def describe_quantization(config: dict) -> str | None:
+    """The target's weight quantization in words, from ``quantization_config`` (top level, else the text
+    config's); None for an unquantized one. Reads vLLM's ``fp8`` (per block or per tensor) and
+    ``compressed-tensors`` configs field by field; any other method is named as written."""
+    quant = config.get("quantization_config") or text_config(config).get("quantization_config")
+    if not isinstance(quant, dict):
+        return None
+    method = str(quant.get("quant_method", "unknown"))
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        scales = f"blocks {block[0]}x{block[1]}" if isinstance(block, list) and len(block) == 2 else "per tensor"
+        return (f"fp8 {quant.get('fmt', 'e4m3')} weights, {scales}, "
+                f"{quant.get('activation_scheme', 'dynamic')} activations")
+    if method == "compressed-tensors":
+        groups = []
+        for group in (quant.get("config_groups") or {}).values():
+            if not isinstance(group, dict):
+                continue
+            weights = group.get("weights") or {}
+            size = f" {weights['group_size']}" if weights.get("group_size") else ""
+            acts = "" if not group.get("input_activations") else ", quantized activations"
+            groups.append(f"{weights.get('num_bits')}-bit {weights.get('type')} weights, "
+                          f"{weights.get('strategy')}{size}{acts}")
+        ignored = quant.get("ignore") or []
+        return (f"compressed-tensors {quant.get('format')}: {'; '.join(groups) or 'no groups'}"
+                + (f" ({len(ignored)} modules left unquantized)" if ignored else ""))
+    return method
+
+
 @dataclass
 class Target:
     """What inspection needs of the target model."""
@@ -57,6 +86,7 @@ class Target:
     vocab_size: int
     max_positions: int | None
     model_type: str
+    quantization: str | None = None
 
     @classmethod
     def from_config(cls, config: dict, where: str) -> Target:
@@ -73,7 +103,7 @@ class Target:
                 raise KimiError(f"target {where}: {key} must be a positive integer, not {cfg.get(key)!r}")
         return cls(num_layers=values["num_hidden_layers"], hidden_size=values["hidden_size"],
                    vocab_size=values["vocab_size"], max_positions=positive_int(cfg.get("max_position_embeddings")),
-                   model_type=str(cfg.get("model_type", "")))
+                   model_type=str(cfg.get("model_type", "")), quantization=describe_quantization(config))
 
     @classmethod
     def from_path(cls, path: Path) -> Target:
@@ -145,6 +175,10 @@ class Report:
             f"vLLM ids       {self.aux_layer_ids} (state entering layer k); fc takes {self.fc_hidden_states} states",
             f"RoPE           {self.rope.get('summary')}",
         ]
+        if self.target:
+            t = self.target
+            rows.append(f"target         {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, "
+                        f"vocab {t['vocab_size']}; quantization {t.get('quantization') or 'none'}")
         rows += [f"note           {n}" for n in self.notes]
         rows += [f"problem        {p}" for p in self.problems] or ["problems       none"]
         return "\n".join(rows)
