@@ -31,7 +31,7 @@ from kimi.bench.hardware import cpu_name, describe, device
 from kimi.bench.log import logger
 from kimi.bench.other_tools import check_other_tools
 from kimi.bench.results import header, stamp, write_json, write_lines
-from kimi.bench.robustness import BENCH_TOKENS, K, run_style
+from kimi.bench.robustness import BENCH_TOKENS, SERVER_ENV, K, run_style
 from kimi.bench.torture import REQUEST_BOUND_S, PromptPool
 from kimi.drafter.assumptions import assumption_table
 from kimi.e2e.prompts import code_prompt_ids
@@ -59,7 +59,8 @@ def markdown(result: dict) -> list[str]:
     lines = [*header("EAGLE-3 robustness: hard paths and real clients (issue 17)", result["command"],
                      result["date"]),
              (f"- device: {result['device']}{host}; vLLM {v['vllm']}, torch {v['torch']}, openai {v['openai']}; "
-              f"environment: {result.get('vllm_env') or 'no VLLM_ variables'}"),
+              f"VLLM_ environment: {result.get('vllm_env') or 'none'}"
+              + (f", and the servers' {result['server_env']}" if "server_env" in result else "")),
              (f"- k = {result['k']}; every request bounded to {result['request_bound_s']:.0f} s (longer = a hang); "
               f"{result['seconds']} s in all"), ""]
     for style, run in result["styles"].items():
@@ -182,6 +183,7 @@ def main() -> int:
               "device": describe(device()),
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "openai": openai.__version__},
               "vllm_env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("VLLM_")},
+              "server_env": SERVER_ENV,
               "k": K, "request_bound_s": REQUEST_BOUND_S, "styles": {}}
     logs = args.out / "logs" / "robustness"
     name = "robustness-gpu" if args.gpu else "robustness"

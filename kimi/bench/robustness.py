@@ -50,6 +50,8 @@ BENCH_TOKENS = (64, 32)
 #: server is closing (uvicorn's default, vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s; the race fails a request with
 #: ServerDisconnectedError: vllm-project/vllm-omni#1374). A failed request is then the server's.
 KEEP_ALIVE_S = 75
+#: What the servers' environment adds to this process's.
+SERVER_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)}
 
 #: Prometheus gauges and counters read around scenarios (summed over label sets).
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
@@ -322,7 +324,7 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
 
     def started(name: str, args: list[str]) -> VllmServer:
         server = VllmServer(vllm_command(), target, args, logs / f"{style}-{name}.log",
-                            env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)})
+                            env=SERVER_ENV)
         began = time.monotonic()
         server.start()
         result["start_s"][name] = round(time.monotonic() - began, 1)
