@@ -22,6 +22,7 @@ from kimi.models import SHIPPED_PAIR  # noqa: E402
 from kimi.models.quantize import (  # noqa: E402
     fp8_block_dequantize,
     fp8_block_size,
+    int4_group_dequantize,
     int4_group_size,
     quantize_target,
 )
@@ -91,7 +92,8 @@ def test_int4_experts_layout(written: dict[str, Path]) -> None:
     assert shape.tolist() == [48, 192]
     values = unpack_from_int32(packed, 4, torch.Size(shape.tolist()))
     assert values.min() >= -8 and values.max() <= 7
-    back = values.float() * scale.float().repeat_interleave(16, 1)
+    back = int4_group_dequantize(packed, scale, shape, 16)
+    assert torch.equal(back, values.float() * scale.float().repeat_interleave(16, 1))
     ref = original[base + "weight"].float()
     assert ((back - ref).norm() / ref.norm()) < 0.15
     assert tensors["model.layers.0.self_attn.q_a_proj.weight"].dtype == torch.bfloat16
@@ -110,8 +112,8 @@ def test_transformers_reads_them_as_the_published_checkpoints(written: dict[str,
     base = "model.layers.1.mlp.experts.0.gate_proj."
     fused = state["model.layers.1.mlp.experts.gate_up_proj"][0, :48].float()  # transformers fuses gate and up
     if scheme == "int4-experts":
-        values = unpack_from_int32(tensors[base + "weight_packed"], 4, torch.Size([48, 192]))
-        ours = values.float() * tensors[base + "weight_scale"].float().repeat_interleave(16, 1)
+        ours = int4_group_dequantize(*(tensors[base + s] for s in ("weight_packed", "weight_scale", "weight_shape")),
+                                     16)
     else:
         ours = fp8_block_dequantize(tensors[base + "weight"], tensors[base + "weight_scale_inv"], (16, 16))
     assert torch.allclose(fused, ours, rtol=1e-2, atol=1e-3)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kimi.bench.robustness import MAX_MODEL_LEN, compare, gauges, metrics_check, request_errors, server_args
+from kimi.bench.robustness import MAX_MODEL_LEN, compare, compared, gauges, metrics_check, request_errors, server_args
 from kimi.bench.torture import PREFIX_TOKENS, Call, Outcome, PromptPool, scenarios, stop_calls
 
 
@@ -136,3 +136,13 @@ def test_bench_serve_errors_are_counted_by_their_last_line() -> None:
     found = request_errors(["", traceback, "", traceback, "Bad Request", " "])
     assert found == {"aiohttp.ServerDisconnectedError: gone": 2, "Bad Request": 1, "' '": 1}
     assert request_errors(["", ""]) == {}
+
+
+def test_compared_keeps_the_calls_of_one_kind_by_scenario() -> None:
+    plan = scenarios(_pool(), MAX_MODEL_LEN)
+    seeded = compared(plan, "seeded")
+    assert set(seeded) == {"mixed_sampling", "lone_top_k", "n_greater_than_1"}
+    assert all(c.compare == "seeded" for calls in seeded.values() for c in calls)
+    greedy = compared(plan, "greedy")
+    assert all(c.abort_after is None for calls in greedy.values() for c in calls)  # aborted calls compare nothing
+    assert sum(map(len, greedy.values())) == sum(c.compare == "greedy" for calls in plan.values() for c in calls)

@@ -309,6 +309,12 @@ def metrics_check(counters: dict[str, float]) -> dict:
     return {**counters, "tau": tau(counters), "consistent": accepted <= drafted <= K * drafts and drafts > 0}
 
 
+def compared(plan: dict[str, list[Call]], kind: str) -> dict[str, list[Call]]:
+    """The calls of ``plan`` compared as ``kind`` (``Call.compare``), by scenario; scenarios without one left out."""
+    found = {scenario: [c for c in calls if c.compare == kind] for scenario, calls in plan.items()}
+    return {scenario: calls for scenario, calls in found.items() if calls}
+
+
 def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, logs: Path, log,
               bench: bool, gpu: bool = False, control: bool = False) -> dict:
     """The torture run of one drafter style (see the module docstring): per-scenario rows, the bad-request
@@ -323,8 +329,7 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
     result: dict = {"target": target, "drafter": drafter, "dtype": dtype, "kv_cache_bytes": kv_bytes, "start_s": {}}
 
     def started(name: str, args: list[str]) -> VllmServer:
-        server = VllmServer(vllm_command(), target, args, logs / f"{style}-{name}.log",
-                            env=SERVER_ENV)
+        server = VllmServer(vllm_command(), target, args, logs / f"{style}-{name}.log", env=SERVER_ENV)
         began = time.monotonic()
         server.start()
         result["start_s"][name] = round(time.monotonic() - began, 1)
@@ -341,15 +346,11 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
         result["server_alive_after"] = server.proc is not None and server.proc.poll() is None
         if bench:
             result["bench_serve"] = bench_serve(server, logs / f"{style}-bench")
-    greedy = {s: [c for c in calls if c.compare == "greedy"] for s, calls in plan.items()}
     with started("nospec", server_args(None, kv_bytes, gpu=gpu)) as server:
         nospec = run_calls(server, plan, log)
-        alone = None
-        if control:
-            alone = run_calls(server, {s: calls for s, calls in greedy.items() if calls}, log, one_by_one=True)
-    seeded = {s: [c for c in calls if c.compare == "seeded"] for s, calls in plan.items()}
+        alone = run_calls(server, compared(plan, "greedy"), log, one_by_one=True) if control else None
     with started("spec_rechunked", server_args(speculative, kv_bytes, RECHUNKED_TOKENS, gpu)) as server:
-        rechunked = run_calls(server, {s: calls for s, calls in seeded.items() if calls}, log)
+        rechunked = run_calls(server, compared(plan, "seeded"), log)
     result["scenarios"] = compare(plan, spec["outcomes"], nospec["outcomes"], rechunked["outcomes"],
                                   spec["scenarios"], alone and alone["outcomes"])
     return result

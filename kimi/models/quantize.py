@@ -45,6 +45,7 @@ _DECODER_LINEAR = re.compile(
     r"^model\.layers\.\d+\.(self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
     r"|mlp\.(shared_experts\.|experts\.\d+\.)?(gate_proj|up_proj|down_proj))\.weight$")
 _ROUTED_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
+_ROUTER = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.weight$")
 
 
 def fitted(published: int, widths: Iterable[int]) -> int:
@@ -121,6 +122,17 @@ def int4_group_quantize(weight, group: int) -> dict:
             "weight_shape": torch.tensor([out, inp], dtype=torch.int64)}
 
 
+def int4_group_dequantize(packed, scale, shape, group: int):
+    """The float32 weight of ``int4_group_quantize``'s ``weight_packed``, ``weight_scale`` and ``weight_shape``,
+    unpacked and scaled by compressed-tensors itself."""
+    import torch
+    from compressed_tensors.compressors import unpack_from_int32
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    values = unpack_from_int32(packed, 4, torch.Size(shape.tolist()))
+    return dequantize(values, scale.float(), None, int4_args(group), dtype=torch.float32)
+
+
 def _fp8_tensors(tensors: dict, cfg: dict) -> tuple[dict, dict]:
     block = fp8_block_size(cfg)
     written = {}
@@ -143,7 +155,7 @@ def _int4_tensors(tensors: dict, cfg: dict) -> tuple[dict, dict]:
             for suffix, value in int4_group_quantize(tensor, group).items():
                 written[name.removesuffix("weight") + suffix] = value
             continue
-        if _DECODER_LINEAR.match(name) or re.match(r"^model\.layers\.\d+\.mlp\.gate\.weight$", name):
+        if _DECODER_LINEAR.match(name) or _ROUTER.match(name):
             ignore.append(name.removesuffix(".weight"))
         written[name] = tensor
     config = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"],
