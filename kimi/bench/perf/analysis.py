@@ -186,16 +186,23 @@ def goal(rows: list[dict]) -> dict:
 
 
 
+def versions_of(runs: dict[str, dict], jobs: list[dict]) -> dict[str, str]:
+    """``{"fork": version, "upstream": version}`` as the finished engines report ``vllm.__version__`` (the first
+    finished engine of each side)."""
+    versions: dict[str, str] = {}
+    for job in jobs:
+        r = runs.get(job["name"], {})
+        if r.get("status") == "done":
+            versions.setdefault("upstream" if job["variant"] == "upstream" else "fork", r["vllm_version"])
+    return versions
+
+
 def summarize(args: argparse.Namespace, jobs: list[dict], runs: dict[str, dict], started: float) -> dict:
     """A call's summary (the keys of ``perf_vs_upstream.json``): device, date, command, versions, settings, rows,
     projection, goal, the greedy comparisons and check counts, and every planned engine's result."""
     done = [r for r in runs.values() if r.get("status") == "done"]
     device = done[0]["device"] if done else {}
-    versions = {}
-    for job in jobs:
-        r = runs.get(job["name"], {})
-        if r.get("status") == "done":
-            versions.setdefault("upstream" if job["variant"] == "upstream" else "fork", r["vllm_version"])
+    versions = versions_of(runs, jobs)
     rows = rows_of(runs, jobs)
     return {
         "device": describe(device, versions=True),

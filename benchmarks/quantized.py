@@ -1,0 +1,144 @@
+"""EAGLE-3 on quantized targets, fork against upstream vLLM on one GPU (issue 22).
+
+One GPU call (``benchmarks/gpu_call.sh`` installs the pinned upstream release, keeps a pristine copy of its ``vllm``
+package and puts the fork on the installed one; the shipped pair ``models/pair`` travels with the tree)::
+
+    python3 benchmarks/quantized.py --upstream-site $KIMI_UPSTREAM_SITE --fork-site $KIMI_SITE --out $OUT
+
+The shipped pair's target is rewritten here as block-FP8 and as INT4 routed experts (``kimi models quantize``, into
+``--scratch``), and served with the pair's drafter (trained on the bf16 target) at k = 3 with vLLM's defaults
+(torch.compile, CUDA graphs for the measured batch sizes), prefix caching off. The variants
+(``kimi.bench.quantized.VARIANTS``): the three weight layouts with ``nospec``, ``fork_k3`` and ``upstream_k3``;
+an FP8 KV cache on the bf16 and the FP8 targets (``nospec`` and ``fork_k3``); the FP8 target with an FP8 KV cache
+and the drafter's own bf16 KV cache on Triton attention (``speculative_config`` ``kv_cache_dtype`` /
+``attention_backend``; ``fork_k3`` against the previous variant's ``nospec``). All engines start at once and are
+measured one at a time in ``--rounds`` interleaved rounds (``kimi.bench.perf.orchestrate.run_parallel``), every
+concurrency: c requests at once, greedy, ``--tokens`` output tokens, EOS ignored.
+
+Writes ``quantized.json`` and ``quantized.md`` under ``--out`` (rewritten after every engine): per variant and c,
+identical / total greedy sequences against the same target without speculation, τ (and τ over the bf16 target's),
+tok/s of fork, upstream and no speculation, fork/upstream per round; the engines that failed, with their error.
+``--cpu-smoke`` runs the bf16 variant on CPU (float32, eager; the fork's vLLM for both sides): vLLM's CPU backend
+runs neither quantized layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from kimi.bench.hardware import describe
+from kimi.bench.perf import measure
+from kimi.bench.perf.analysis import versions_of
+from kimi.bench.perf.orchestrate import run_parallel
+from kimi.bench.quantized import failures, jobs_of, markdown, pick, quantization_of, rows, totals
+from kimi.bench.results import stamp, write_json, write_lines
+from kimi.bench.workers import serve_jobs
+from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE
+from kimi.models import SHIPPED_PAIR
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--upstream-site", type=Path, help="folder holding upstream vLLM's pristine `vllm` package")
+    p.add_argument("--fork-site", type=Path, help="folder holding the fork's `vllm` (install-into'd site)")
+    p.add_argument("--pair", type=Path, default=SHIPPED_PAIR, help="the reference pair (default: models/pair)")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these (kimi.bench.quantized.VARIANTS)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
+    p.add_argument("--reps", type=int, default=1, help="timed batches per concurrency and round (the best counts)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 540)))
+    p.add_argument("--job-timeout-s", type=float, default=400, help="for an engine's start, and for each round")
+    p.add_argument("--scratch", type=Path, default=Path("/tmp/quantized"))
+    p.add_argument("--cpu-smoke", action="store_true")
+    p.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
+    return p
+
+
+def engine_settings(args: argparse.Namespace) -> dict:
+    """The ``LLM(...)`` settings every engine shares: a fixed 2 GiB KV cache; on a GPU a low memory share (engines
+    side by side) and CUDA graphs for exactly the batch sizes measured (c and c (k + 1))."""
+    if args.cpu_smoke:
+        return {**PERF_CPU_SMOKE, "kv_cache_memory_bytes": PERF_PAIR_KV_BYTES}
+    sizes = sorted({c * m for c in args.concurrency for m in (1, 4)})
+    return {**PERF_GPU, **PERF_SIDE_BY_SIDE, "max_num_seqs": max(args.concurrency),
+            "kv_cache_memory_bytes": PERF_PAIR_KV_BYTES, "compilation_config": {"cudagraph_capture_sizes": sizes}}
+
+
+def make_targets(args: argparse.Namespace, schemes: set[str | None]) -> dict[str | None, str]:
+    """``{scheme: target folder}``: the pair's bf16 target for None, each quantized one written into the scratch."""
+    from kimi.models.quantize import quantize_target
+
+    source = args.pair / "target"
+    targets: dict[str | None, str] = {None: str(source)}
+    for scheme in sorted(s for s in schemes if s):
+        out = args.scratch / "targets" / scheme
+        quantize_target(source, out, scheme, force=True)
+        targets[scheme] = str(out)
+    return targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.worker:
+        return serve_jobs(*args.worker, run_job=measure.run)
+    started = time.monotonic()
+    made = stamp("benchmarks/quantized.py", argv if argv is not None else sys.argv[1:])
+    if args.cpu_smoke:
+        args.upstream_site = args.upstream_site or args.fork_site
+    if not args.upstream_site or not args.fork_site:
+        cli.error("--upstream-site and --fork-site are required (the same folder with --cpu-smoke is allowed)")
+    try:
+        variants = pick(args.variants, args.cpu_smoke)
+    except ValueError as exc:
+        cli.error(str(exc))
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    args.fork_greedy = "auto"  # kimi.bench.perf.plan.variant_env: the fork as it runs by default
+    from kimi.e2e.prompts import code_prompt_ids
+
+    targets = make_targets(args, {v.scheme for v in variants})
+    prompts = code_prompt_ids(args.pair / "target" / "tokenizer.json", min(max(args.concurrency), 48), 256)
+    common = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps, "prompts": prompts,
+              "engine": engine_settings(args)}
+    jobs = jobs_of(variants, targets, str(args.pair / "drafter"), common)
+    runs: dict[str, dict] = {}
+    info = {scheme: f"{path} ({quantization_of(Path(path))})" for scheme, path in targets.items()}
+
+    def report(job: dict | None = None) -> None:
+        done = [r for r in runs.values() if r.get("status") == "done"]
+        table = rows(variants, runs)
+        result = {"device": describe(done[0]["device"], versions=True) if done else None, **made,
+                  "versions": versions_of(runs, jobs), "targets": info,
+                  "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps,
+                               "rounds": args.rounds, "k": 3, "engine": common["engine"],
+                               "variants": [v.name for v in variants]},
+                  "rows": table, "totals": totals(table), "failures": failures(jobs, runs),
+                  "engines": {j["name"]: {k: v for k, v in runs.get(j["name"], {"status": "not run"}).items()
+                                          if k not in ("by_concurrency",)} for j in jobs},
+                  "seconds": round(time.monotonic() - started, 1)}
+        write_json(args.out / "quantized.json", result)
+        write_lines(args.out / "quantized.md", markdown(result))
+        if job is not None:
+            run = runs[job["name"]]
+            print(f"quantized: {job['name']}: {run.get('status')}"
+                  + (f" (start {run.get('start_s')} s)" if run.get("status") == "done" else
+                     f": {(run.get('error') or '').strip()[-300:]}"), flush=True)
+
+    print(f"quantized: {len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}",
+          flush=True)
+    run_parallel(args, jobs, started + args.budget_s, runs, report)
+    report()
+    return 0 if not failures(jobs, runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""EAGLE-3 on quantized targets (issue 22): the library of ``benchmarks/quantized.py``.
+
+The shipped pair's drafter, trained on the bf16 target as a user would reuse one, served at k = 3 against the
+same target in the layouts users serve (``kimi.models.quantize``: block-FP8 as DeepSeek-V3 / Kimi-K2 write it,
+INT4 W4A16 routed experts as Kimi-K2.5 writes it), with an FP8 KV cache on the target, and with the drafter's
+own KV cache dtype and attention backend (``speculative_config``'s ``kv_cache_dtype`` / ``attention_backend``,
+which vLLM 0.32.0's V2 EAGLE speculator applies through ``SpeculativeConfig.apply_draft_overrides``).
+
+Each :class:`Variant` is a "model" of ``kimi.bench.perf``'s plan: its engines (``nospec``, ``fork_k3``,
+``upstream_k3``) are perf_vs_upstream's, started side by side and measured in interleaved rounds by
+``kimi.bench.perf.orchestrate.run_parallel``. What this module adds: the variants, their targets, and the rows
+(greedy output against the same target without speculation, τ against the bf16 target's, fork against upstream).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kimi.bench.perf.analysis import round_ratios
+from kimi.bench.results import header
+
+K = 3
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One target configuration of the run.
+
+    ``scheme``: the ``kimi models quantize`` scheme of the target (None: the bf16 target as shipped);
+    ``kv_cache_dtype``: the target's KV cache dtype (``LLM(kv_cache_dtype=...)``; the drafter inherits it unless
+    ``draft`` says otherwise); ``draft``: additions to ``speculative_config`` (the drafter's ``kv_cache_dtype``,
+    ``attention_backend``); ``engine``: additions to every engine's ``LLM(...)`` settings; ``engines``: which of
+    ``nospec``, ``fork``, ``upstream`` run; ``baseline``: the variant whose ``nospec`` engine this one's greedy
+    output is compared with (default: its own).
+    """
+
+    name: str
+    scheme: str | None = None
+    kv_cache_dtype: str = "auto"
+    draft: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
+    engines: tuple[str, ...] = ("nospec", "fork", "upstream")
+    baseline: str | None = None
+
+    @property
+    def reference(self) -> str:
+        return self.baseline or self.name
+
+
+#: The reference FP8 target's linear layers on vLLM's Triton block-FP8 GEMM. Its blocks are 16 x 16 (the pair is
+#: 192 wide; ``kimi.models.quantize``), which CUTLASS and DeepGEMM refuse; vLLM 0.32.0's automatic choice then
+#: falls to Marlin, whose weight repacking fails the load on an H200 with a bare AssertionError
+#: (``prepare_fp8_layer_for_marlin``; benchmarks/results/logs/quantized-h200). Published 128 x 128 checkpoints take
+#: CUTLASS or DeepGEMM and need no setting.
+FP8_GEMM = {"linear_backend": "triton"}
+
+#: The run's variants, in plan order. Fork against upstream on the three weight layouts; the FP8 KV cache and the
+#: drafter's own KV dtype and backend on the fork only (lossless and τ; the speed of those paths is not the
+#: fork's).
+VARIANTS = (
+    Variant("bf16"),
+    Variant("fp8-block", "fp8-block", engine=FP8_GEMM),
+    Variant("int4-experts", "int4-experts"),
+    Variant("bf16+kv-fp8", kv_cache_dtype="fp8", engines=("nospec", "fork")),
+    Variant("fp8-block+kv-fp8", "fp8-block", kv_cache_dtype="fp8", engine=FP8_GEMM, engines=("nospec", "fork")),
+    Variant("fp8-block+kv-fp8+drafter-bf16-kv-triton", "fp8-block", kv_cache_dtype="fp8", engine=FP8_GEMM,
+            draft={"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}, engines=("fork",),
+            baseline="fp8-block+kv-fp8"),
+)
+#: On CPU (``--cpu-smoke``): vLLM 0.32.0's CPU backend runs neither quantized layout (docs/reference-models.md).
+CPU_VARIANTS = ("bf16",)
+
+
+def pick(names: list[str] | None, cpu: bool) -> list[Variant]:
+    """The variants named (all by default; on CPU :data:`CPU_VARIANTS`), each with its baseline's variant first
+    where it has no ``nospec`` engine of its own.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    known = {v.name: v for v in VARIANTS}
+    names = names or (list(CPU_VARIANTS) if cpu else list(known))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}: choose from {', '.join(known)}")
+    chosen = [known[n] for n in names]
+    needed = {v.reference for v in chosen if "nospec" not in v.engines} - set(names)
+    return [v for v in VARIANTS if v.name in needed] + chosen
+
+
+def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, common: dict) -> list[dict]:
+    """perf_vs_upstream jobs (``kimi.bench.perf.measure``) for ``variants``: per variant its engines, named
+    ``<variant>/nospec``, ``<variant>/fork_k3``, ``<variant>/upstream_k3``, the target from ``targets`` (by
+    scheme, ``None`` for bf16) and the KV cache dtype in the engine settings of ``common``."""
+    jobs = []
+    for v in variants:
+        base = {**common, "model": v.name, "target": targets[v.scheme],
+                "engine": {**common["engine"], **v.engine, "kv_cache_dtype": v.kv_cache_dtype}}
+        spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": K, **v.draft}
+        for engine in v.engines:
+            if engine == "nospec":
+                jobs.append({**base, "name": f"{v.name}/nospec", "variant": "nospec", "k": 0, "spec": None})
+            else:
+                jobs.append({**base, "name": f"{v.name}/{engine}_k{K}", "variant": engine, "k": K, "spec": spec})
+    return jobs
+
+
+def _identical(entry: dict, ref: dict) -> list[int] | None:
+    if not entry.get("tokens") or not ref.get("tokens"):
+        return None
+    return [sum(a == b for a, b in zip(entry["tokens"], ref["tokens"], strict=True)), len(ref["tokens"])]
+
+
+def _done(runs: dict, name: str) -> dict:
+    run = runs.get(name, {})
+    return run.get("by_concurrency", {}) if run.get("status") == "done" else {}
+
+
+def rows(variants: list[Variant], runs: dict[str, dict]) -> list[dict]:
+    """One row per (variant, concurrency) that its fork engine measured: ``identical`` (fork's greedy output
+    against the reference ``nospec`` engine, [same, total]) and ``identical_upstream``, ``tau`` and
+    ``tau_upstream``, ``tau_vs_bf16`` (τ over the bf16 target's at the same concurrency), tok/s of each engine,
+    ``fork_vs_upstream`` (best rounds) with the per-round median and spread, and ``fork_vs_nospec``."""
+    out = []
+    bf16 = _done(runs, f"bf16/fork_k{K}")
+    for v in variants:
+        fork, up = _done(runs, f"{v.name}/fork_k{K}"), _done(runs, f"{v.name}/upstream_k{K}")
+        base = _done(runs, f"{v.reference}/nospec")
+        for c, f in fork.items():
+            u, b, ref_tau = up.get(c, {}), base.get(c, {}), bf16.get(c, {}).get("tau")
+            out.append({
+                "variant": v.name, "scheme": v.scheme or "bf16", "kv_cache_dtype": v.kv_cache_dtype,
+                "drafter_overrides": v.draft, "concurrency": int(c),
+                "identical": _identical(f, b), "identical_upstream": _identical(u, b) if u else None,
+                "tau": _round(f.get("tau")), "tau_upstream": _round(u.get("tau")),
+                "tau_vs_bf16": _round(f["tau"] / ref_tau) if f.get("tau") and ref_tau else None,
+                "fork_tok_s": _round(f["tok_s"], 1), "upstream_tok_s": _round(u.get("tok_s"), 1),
+                "nospec_tok_s": _round(b.get("tok_s"), 1),
+                "fork_vs_upstream": _round(f["tok_s"] / u["tok_s"]) if u.get("tok_s") else None,
+                "fork_vs_nospec": _round(f["tok_s"] / b["tok_s"]) if b.get("tok_s") else None,
+                **round_ratios(f, u),
+            })
+    return sorted(out, key=lambda r: ([v.name for v in variants].index(r["variant"]), r["concurrency"]))
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return round(x, digits) if x is not None else None
+
+
+def failures(jobs: list[dict], runs: dict[str, dict]) -> dict[str, str]:
+    """``{engine: "status: the last line of its error"}`` for every engine that did not finish (``"not run"`` for
+    one the run never reached)."""
+    out = {}
+    for job in jobs:
+        run = runs.get(job["name"], {"status": "not run"})
+        if run.get("status") != "done":
+            lines = [ln.strip() for ln in (run.get("error") or "").splitlines() if ln.strip()]
+            out[job["name"]] = (f"{run.get('status')}: {lines[-1]}" if lines else str(run.get("status")))[:400]
+    return out
+
+
+def totals(table: list[dict]) -> dict:
+    """Over all rows: identical / total greedy sequences (fork), crashes are counted by :func:`failures`; the
+    median fork/upstream of the per-round ratios over every row that has them."""
+    same = [r["identical"] for r in table if r["identical"]]
+    ratios = [x for r in table for x in r.get("fork_vs_upstream_rounds", [])]
+    return {"identical": [sum(s for s, _ in same), sum(n for _, n in same)],
+            "fork_vs_upstream_median": round(statistics.median(ratios), 4) if ratios else None}
+
+
+def markdown(result: dict) -> list[str]:
+    """``quantized.md``: the settings, one table row per (variant, concurrency), the engines that failed."""
+    s = result["settings"]
+    lines = [*header("EAGLE-3 on quantized targets (issue 22)", result["command"], result["date"]),
+             f"- hardware: {result['device']}",
+             f"- vLLM: fork {result['versions'].get('fork')}, upstream {result['versions'].get('upstream')}",
+             (f"- the shipped pair's drafter (trained on the bf16 target), k = {K}, greedy; {s['tokens']} output "
+              f"tokens per request, c requests at once; {s['rounds']} interleaved rounds, best of {s['reps']} per "
+              f"round; engine settings {s['engine']}"),
+             f"- over all rows: {result['totals']}", "",
+             ("| variant | KV (target) | drafter overrides | c | identical fork | identical upstream | tau "
+              "| tau upstream | tau / bf16 | fork tok/s | upstream tok/s | no-spec tok/s "
+              "| fork/upstream per round, median (min-max) | fork/no-spec |"),
+             "|---" * 14 + "|"]
+    for r in result["rows"]:
+        spread = r.get("fork_vs_upstream_spread")
+        per_round = (f"{r['fork_vs_upstream_median']} ({spread[0]}-{spread[1]})" if spread else "")
+        lines.append(f"| {r['variant']} | {r['kv_cache_dtype']} | {r['drafter_overrides'] or ''} | {r['concurrency']} "
+                     f"| {_frac(r['identical'])} | {_frac(r['identical_upstream'])} | {r['tau']} | {r['tau_upstream']} "
+                     f"| {r['tau_vs_bf16']} | {r['fork_tok_s']} | {r['upstream_tok_s']} | {r['nospec_tok_s']} "
+                     f"| {per_round} | {r['fork_vs_nospec']} |")
+    if result["failures"]:
+        lines += ["", "Engines that did not finish:", ""]
+        lines += [f"- `{name}`: {why}" for name, why in result["failures"].items()]
+    if result.get("targets"):
+        lines += ["", "Targets:", ""]
+        lines += [f"- {scheme or 'bf16'}: {info}" for scheme, info in result["targets"].items()]
+    return lines
+
+
+def _frac(pair: list[int] | None) -> str:
+    return f"{pair[0]}/{pair[1]}" if pair else ""
+
+
+def quantization_of(target: Path) -> str:
+    """One line naming ``target``'s quantization (``kimi drafter inspect``'s wording), or ``bf16``."""
+    import json
+
+    from kimi.drafter.inspect import describe_quantization
+
+    return describe_quantization(json.loads((target / "config.json").read_text())) or "bf16"

@@ -1,0 +1,95 @@
+"""benchmarks/quantized.py's library (kimi.bench.quantized) without a GPU: the variants picked, the engines planned
+for them, the rows (greedy output against the right baseline, tau against bf16, per-round ratios), the failures and
+the markdown."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimi.bench.quantized import VARIANTS, K, failures, jobs_of, markdown, pick, rows, totals
+
+COMMON = {"concurrency": [1, 4], "tokens": 8, "reps": 1, "prompts": [[5, 6, 7]],
+          "engine": {"dtype": "bfloat16", "kv_cache_memory_bytes": 1 << 30}}
+TARGETS = {None: "/t/bf16", "fp8-block": "/t/fp8", "int4-experts": "/t/int4"}
+
+
+def test_pick_defaults_to_every_variant_on_a_gpu_and_bf16_on_cpu() -> None:
+    assert [v.name for v in pick(None, cpu=False)] == [v.name for v in VARIANTS]
+    assert [v.name for v in pick(None, cpu=True)] == ["bf16"]
+
+
+def test_a_variant_without_its_own_baseline_brings_the_baseline_variant() -> None:
+    chosen = pick(["fp8-block+kv-fp8+drafter-bf16-kv-triton"], cpu=False)
+    assert [v.name for v in chosen] == ["fp8-block+kv-fp8", "fp8-block+kv-fp8+drafter-bf16-kv-triton"]
+    assert [v.name for v in pick(["int4-experts"], cpu=False)] == ["int4-experts"]
+
+
+def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
+    with pytest.raises(ValueError, match="unknown variant.*fp4.*choose from bf16, fp8-block"):
+        pick(["fp4"], cpu=False)
+
+
+def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
+    jobs = {j["name"]: j for j in jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)}
+    assert len(jobs) == 3 + 3 + 3 + 2 + 2 + 1
+    assert jobs["bf16/nospec"]["spec"] is None and jobs["bf16/nospec"]["target"] == "/t/bf16"
+    assert jobs["int4-experts/upstream_k3"]["variant"] == "upstream"
+    assert jobs["int4-experts/upstream_k3"]["target"] == "/t/int4"
+    assert jobs["bf16+kv-fp8/fork_k3"]["engine"]["kv_cache_dtype"] == "fp8"
+    assert jobs["bf16/fork_k3"]["engine"]["kv_cache_dtype"] == "auto"
+    assert jobs["bf16/fork_k3"]["engine"]["kv_cache_memory_bytes"] == 1 << 30
+    own = jobs["fp8-block+kv-fp8+drafter-bf16-kv-triton/fork_k3"]
+    assert own["spec"] == {"method": "eagle3", "model": "/d", "num_speculative_tokens": K, "kv_cache_dtype": "auto",
+                           "attention_backend": "TRITON_ATTN"}
+    assert own["target"] == "/t/fp8" and own["engine"]["kv_cache_dtype"] == "fp8"
+    assert own["engine"]["linear_backend"] == "triton" == jobs["fp8-block/upstream_k3"]["engine"]["linear_backend"]
+    assert "linear_backend" not in jobs["int4-experts/fork_k3"]["engine"]
+    assert COMMON["engine"] == {"dtype": "bfloat16", "kv_cache_memory_bytes": 1 << 30}  # not changed in place
+
+
+def _done(by_c: dict) -> dict:
+    return {"status": "done", "by_concurrency": by_c}
+
+
+def _entry(tok_s: float, tokens: list, tau: float | None = None, rounds: list | None = None) -> dict:
+    return {"tok_s": tok_s, "tau": tau, "tokens": tokens, "tok_s_rounds": rounds or [tok_s]}
+
+
+def test_rows_compare_with_the_baseline_and_with_bf16() -> None:
+    variants = pick(["bf16", "int4-experts", "fp8-block+kv-fp8+drafter-bf16-kv-triton"], cpu=False)
+    same, other = [[1, 2], [3, 4]], [[1, 2], [9, 9]]
+    runs = {
+        "bf16/nospec": _done({"4": _entry(100, same)}),
+        "bf16/fork_k3": _done({"4": _entry(150, same, 2.0, [150, 120])}),
+        "bf16/upstream_k3": _done({"4": _entry(140, same, 2.0, [100, 150])}),
+        "int4-experts/nospec": _done({"4": _entry(90, same)}),
+        "int4-experts/fork_k3": _done({"4": _entry(120, other, 1.5)}),
+        "int4-experts/upstream_k3": {"status": "error", "error": "Traceback\nValueError: no kernel\n"},
+        "fp8-block+kv-fp8/nospec": _done({"4": _entry(80, other)}),
+        "fp8-block+kv-fp8+drafter-bf16-kv-triton/fork_k3": _done({"4": _entry(100, other, 1.8)}),
+    }
+    table = {r["variant"]: r for r in rows(variants, runs)}
+    assert list(table) == ["bf16", "int4-experts", "fp8-block+kv-fp8+drafter-bf16-kv-triton"]  # fork engines that ran
+    bf16 = table["bf16"]
+    assert bf16["identical"] == [2, 2] and bf16["identical_upstream"] == [2, 2]
+    assert bf16["fork_vs_upstream_rounds"] == [1.5, 0.8] and bf16["fork_vs_upstream_median"] == pytest.approx(1.15)
+    assert bf16["fork_vs_nospec"] == 1.5 and bf16["tau_vs_bf16"] == 1.0
+    int4 = table["int4-experts"]
+    assert int4["identical"] == [1, 2] and int4["identical_upstream"] is None and int4["upstream_tok_s"] is None
+    assert int4["tau_vs_bf16"] == 0.75 and "fork_vs_upstream_rounds" not in int4
+    own = table["fp8-block+kv-fp8+drafter-bf16-kv-triton"]
+    assert own["identical"] == [2, 2]  # against fp8-block+kv-fp8/nospec, its baseline
+    assert own["drafter_overrides"] == {"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}
+    jobs = jobs_of(variants, TARGETS, "/d", COMMON)
+    failed = failures(jobs, runs)
+    assert failed == {"int4-experts/upstream_k3": "error: ValueError: no kernel",
+                      "fp8-block+kv-fp8/fork_k3": "not run"}
+    assert totals(list(table.values())) == {"identical": [5, 6], "fork_vs_upstream_median": pytest.approx(1.15)}
+    text = "\n".join(markdown({"command": "python3 benchmarks/quantized.py", "date": "d", "device": "H200",
+                               "versions": {"fork": "0.32.0+kimi.1.cuda", "upstream": "0.32.0"},
+                               "settings": {"tokens": 8, "rounds": 2, "reps": 1, "engine": {}},
+                               "totals": {}, "rows": list(table.values()), "failures": failed,
+                               "targets": {None: "/t/bf16 (bf16)"}}))
+    assert "| int4-experts | auto |  | 4 | 1/2 |  | 1.5 | None | 0.75 |" in text
+    assert "`int4-experts/upstream_k3`: error: ValueError: no kernel" in text
+    assert "- bf16: /t/bf16 (bf16)" in text
