@@ -52,8 +52,8 @@ class Variant:
 #: The reference FP8 target's linear layers on vLLM's Triton block-FP8 GEMM. Its blocks are 16 x 16 (the pair is
 #: 192 wide; ``kimi.models.quantize``), which CUTLASS and DeepGEMM refuse; vLLM 0.32.0's automatic choice then
 #: falls to Marlin, whose weight repacking fails the load on an H200 with a bare AssertionError
-#: (``prepare_fp8_layer_for_marlin``; benchmarks/results/logs/quantized-h200). Published 128 x 128 checkpoints take
-#: CUTLASS or DeepGEMM and need no setting.
+#: (``prepare_fp8_layer_for_marlin``; benchmarks/results/logs/quantized-h200; open upstream as vllm PR 57600).
+#: Published 128 x 128 checkpoints take CUTLASS or DeepGEMM and need no setting.
 FP8_GEMM = {"linear_backend": "triton"}
 
 #: The run's variants, in plan order. Fork against upstream on the three weight layouts; the FP8 KV cache and the
