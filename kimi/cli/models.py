@@ -63,7 +63,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "OUT/work. Stages already done are skipped.")
     p.add_argument("out", nargs="?", type=Path, default=None, help="folder (default: .kimi/models/trained)")
     p.add_argument("--recipe", choices=("cpu", "h200"), default="cpu",
-                   help="drafter settings: cpu (the stages on 2 cores, about half an hour) or h200 (five times the "
+                   help="drafter settings: cpu (the stages on 2 cores, about half an hour) or h200 (ten times the "
                         "samples, the trainer on the GPU); default: %(default)s")
     p.add_argument("--target", type=Path, default=None, metavar="DIR",
                    help="use this trained target (train-target / pick-target output) as OUT/target")

@@ -63,14 +63,13 @@ class PairRecipe:
 
 
 #: The drafter made on one H200 (``kimi models train-pair OUT --recipe h200 --target DIR``): the fork's vLLM
-#: answers 6144 prompts there in 56 s and the trainer runs on the GPU, so it sees over five times the CPU
+#: answers 12288 prompts there in about two minutes and the trainer runs on the GPU, so it sees ten times the CPU
 #: recipe's samples (the CPU recipe's drafter scored 2.2 on its own samples but 1.5 served: too few of them), and
-#: a larger draft vocabulary (1536 ids covered 94.3 % of these answers' tokens; 1024 covered 90.1 % of the CPU
-#: recipe's).
-#: The shipped drafter: served tau 1.75 at k = 3 on the H200 where the CPU recipe's got 1.47
-#: (benchmarks/results/acceptance.md, logs/gpu-0.32.0-pair2).
-H200_PAIR = PairRecipe(regenerate=RegenerateOptions(num_prompts=1024, max_tokens=96, batch=512, package="transformers",
-                                                    package_prompts=5120),
+#: a larger draft vocabulary (1536 ids covered 94.2 % of these answers' tokens; 1024 covered 90.1 % of the CPU
+#: recipe's). The shipped drafter: served tau 1.85 at k = 3 on the H200 (benchmarks/results/acceptance.md); with
+#: half the answers (1024 + 5120) the same recipe gave 1.75 (logs/acceptance-h200-6k), the CPU recipe 1.47.
+H200_PAIR = PairRecipe(regenerate=RegenerateOptions(num_prompts=2048, max_tokens=96, batch=512, package="transformers",
+                                                    package_prompts=10240),
                        draft_vocab=1536, train=TrainOptions(epochs=10, batch=32, lr=3e-3, warmup=30, save_every=500))
 
 #: Pair recipes by the name ``kimi models train-pair --recipe`` takes.
