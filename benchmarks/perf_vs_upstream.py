@@ -86,7 +86,7 @@ from kimi.bench.perf.orchestrate import run_all
 from kimi.bench.perf.plan import CONCURRENCY, PAIR_KS, SLICE_KS, engine_settings, inputs, plan
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.results import stamp
-from kimi.bench.workers import serve_jobs
+from kimi.bench.workers import serve_jobs, site_errors
 from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
 
@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
-    if not args.upstream_site or not args.fork_site:
-        cli.error("--upstream-site and --fork-site are required (the same folder with --cpu-smoke is allowed)")
+    bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
+    if bad:
+        cli.error("; ".join(bad) + " (the same folder for both with --cpu-smoke is allowed)")
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
     try:

@@ -34,9 +34,9 @@ from kimi.bench.hardware import describe
 from kimi.bench.perf import measure
 from kimi.bench.perf.analysis import versions_of
 from kimi.bench.perf.orchestrate import run_parallel
-from kimi.bench.quantized import failures, jobs_of, markdown, pick, quantization_of, rows, totals
+from kimi.bench.quantized import failures, jobs_of, markdown, pick, quantization_of, rows, totals, variant_settings
 from kimi.bench.results import stamp, write_json, write_lines
-from kimi.bench.workers import serve_jobs
+from kimi.bench.workers import serve_jobs, site_errors
 from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE
 from kimi.models import SHIPPED_PAIR
 
@@ -73,11 +73,12 @@ def engine_settings(args: argparse.Namespace) -> dict:
 
 
 def make_targets(args: argparse.Namespace, schemes: set[str | None]) -> dict[str | None, str]:
-    """``{scheme: target folder}``: the pair's bf16 target for None, each quantized one written into the scratch."""
+    """``{scheme: target folder}`` for ``schemes``: the pair's bf16 target for None, each quantized one written into
+    the scratch."""
     from kimi.models.quantize import quantize_target
 
     source = args.pair / "target"
-    targets: dict[str | None, str] = {None: str(source)}
+    targets: dict[str | None, str] = {None: str(source)} if None in schemes else {}
     for scheme in sorted(s for s in schemes if s):
         out = args.scratch / "targets" / scheme
         quantize_target(source, out, scheme, force=True)
@@ -94,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     made = stamp("benchmarks/quantized.py", argv if argv is not None else sys.argv[1:])
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
-    if not args.upstream_site or not args.fork_site:
-        cli.error("--upstream-site and --fork-site are required (the same folder with --cpu-smoke is allowed)")
+    bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
+    if bad:
+        cli.error("; ".join(bad) + " (the same folder for both with --cpu-smoke is allowed)")
     try:
         variants = pick(args.variants, args.cpu_smoke)
     except ValueError as exc:
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               "engine": engine_settings(args)}
     jobs = jobs_of(variants, targets, str(args.pair / "drafter"), common)
     runs: dict[str, dict] = {}
-    info = {scheme: f"{path} ({quantization_of(Path(path))})" for scheme, path in targets.items()}
+    info = {scheme or "bf16": f"{path} ({quantization_of(Path(path))})" for scheme, path in targets.items()}
 
     def report(job: dict | None = None) -> None:
         done = [r for r in runs.values() if r.get("status") == "done"]
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                   "versions": versions_of(runs, jobs), "targets": info,
                   "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps,
                                "rounds": args.rounds, "k": 3, "engine": common["engine"],
-                               "variants": [v.name for v in variants]},
+                               "variants": {v.name: variant_settings(v) for v in variants}},
                   "rows": table, "totals": totals(table), "failures": failures(jobs, runs),
                   "engines": {j["name"]: {k: v for k, v in runs.get(j["name"], {"status": "not run"}).items()
                                           if k not in ("by_concurrency",)} for j in jobs},
@@ -129,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         write_lines(args.out / "quantized.md", markdown(result))
         if job is not None:
             run = runs[job["name"]]
-            print(f"quantized: {job['name']}: {run.get('status')}"
-                  + (f" (start {run.get('start_s')} s)" if run.get("status") == "done" else
-                     f": {(run.get('error') or '').strip()[-300:]}"), flush=True)
+            print(f"quantized: {job['name']}: " + (f"done (start {run.get('start_s')} s)" if run.get("status") == "done"
+                                                   else failures([job], runs)[job["name"]]), flush=True)
 
     print(f"quantized: {len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}",
           flush=True)

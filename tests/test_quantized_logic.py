@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kimi.bench.quantized import VARIANTS, K, failures, jobs_of, markdown, pick, rows, totals
+from kimi.bench.quantized import VARIANTS, K, failures, jobs_of, markdown, pick, rows, totals, variant_settings
+from kimi.bench.workers import site_errors
 
 COMMON = {"concurrency": [1, 4], "tokens": 8, "reps": 1, "prompts": [[5, 6, 7]],
           "engine": {"dtype": "bfloat16", "kv_cache_memory_bytes": 1 << 30}}
@@ -22,6 +23,7 @@ def test_a_variant_without_its_own_baseline_brings_the_baseline_variant() -> Non
     chosen = pick(["fp8-block+kv-fp8+drafter-bf16-kv-triton"], cpu=False)
     assert [v.name for v in chosen] == ["fp8-block+kv-fp8", "fp8-block+kv-fp8+drafter-bf16-kv-triton"]
     assert [v.name for v in pick(["int4-experts"], cpu=False)] == ["int4-experts"]
+    assert [v.name for v in pick(["bf16", "bf16"], cpu=False)] == ["bf16"]  # one engine per name
 
 
 def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
@@ -89,7 +91,39 @@ def test_rows_compare_with_the_baseline_and_with_bf16() -> None:
                                "versions": {"fork": "0.32.0+kimi.1.cuda", "upstream": "0.32.0"},
                                "settings": {"tokens": 8, "rounds": 2, "reps": 1, "engine": {}},
                                "totals": {}, "rows": list(table.values()), "failures": failed,
-                               "targets": {None: "/t/bf16 (bf16)"}}))
+                               "targets": {"bf16": "/t/bf16 (bf16)"}}))
     assert "| int4-experts | auto |  | 4 | 1/2 |  | 1.5 | None | 0.75 |" in text
     assert "`int4-experts/upstream_k3`: error: ValueError: no kernel" in text
     assert "- bf16: /t/bf16 (bf16)" in text
+
+
+def test_a_refusal_at_config_time_keeps_its_reason_not_pydantics_link() -> None:
+    error = ("Traceback ...\npydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+             "  Value error, vLLM 0.32.0's CPU backend cannot serve the target T on this host: ...\n"
+             "    For further information visit https://errors.pydantic.dev/2.12/v/value_error\n")
+    jobs = jobs_of(pick(["int4-experts"], cpu=False), TARGETS, "/d", COMMON)
+    failed = failures(jobs[:1], {jobs[0]["name"]: {"status": "error", "error": error}})
+    assert failed == {"int4-experts/nospec": "error: Value error, vLLM 0.32.0's CPU backend cannot serve the target T "
+                                             "on this host: ..."}
+
+
+def test_the_result_records_what_each_variant_adds() -> None:
+    fp8 = next(v for v in VARIANTS if v.name == "fp8-block+kv-fp8+drafter-bf16-kv-triton")
+    overrides = {"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}
+    assert variant_settings(fp8) == {"scheme": "fp8-block", "kv_cache_dtype": "fp8",
+                                     "engine": {"linear_backend": "triton"}, "drafter_overrides": overrides,
+                                     "engines": ["fork"], "baseline": "fp8-block+kv-fp8"}
+    text = "\n".join(markdown({"command": "c", "date": "d", "device": "H200", "versions": {},
+                               "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {},
+                                            "variants": {fp8.name: variant_settings(fp8)}},
+                               "totals": {}, "rows": [], "failures": {}, "targets": {}}))
+    assert f"- {fp8.name}: {{'linear_backend': 'triton'}}" in text
+
+
+def test_a_site_without_vllm_is_named_before_anything_starts(tmp_path) -> None:
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text("")
+    assert site_errors(fork_site=tmp_path / "site", upstream_site=tmp_path / "site") == []
+    assert site_errors(fork_site=tmp_path / "site", upstream_site=tmp_path / "nope") == [
+        f"--upstream-site {tmp_path / 'nope'} holds no vllm package (no vllm/__init__.py there)"]
+    assert site_errors(fork_site=None, upstream_site=tmp_path / "site") == ["--fork-site is required"]

@@ -81,13 +81,19 @@ def pick(names: list[str] | None, cpu: bool) -> list[Variant]:
         ValueError: an unknown name.
     """
     known = {v.name: v for v in VARIANTS}
-    names = names or (list(CPU_VARIANTS) if cpu else list(known))
+    names = list(dict.fromkeys(names or (CPU_VARIANTS if cpu else known)))
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}: choose from {', '.join(known)}")
     chosen = [known[n] for n in names]
     needed = {v.reference for v in chosen if "nospec" not in v.engines} - set(names)
     return [v for v in VARIANTS if v.name in needed] + chosen
+
+
+def variant_settings(v: Variant) -> dict:
+    """What a result records of ``v``: its scheme, KV cache dtype, engine and drafter additions, engines, baseline."""
+    return {"scheme": v.scheme or "bf16", "kv_cache_dtype": v.kv_cache_dtype, "engine": v.engine,
+            "drafter_overrides": v.draft, "engines": list(v.engines), "baseline": v.reference}
 
 
 def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, common: dict) -> list[dict]:
@@ -150,13 +156,15 @@ def _round(x: float | None, digits: int = 3) -> float | None:
 
 
 def failures(jobs: list[dict], runs: dict[str, dict]) -> dict[str, str]:
-    """``{engine: "status: the last line of its error"}`` for every engine that did not finish (``"not run"`` for
-    one the run never reached)."""
+    """``{engine: "status: the last line of its error that says something"}`` for every engine that did not finish
+    (``"not run"`` for one the run never reached; pydantic's closing "For further information visit ..." line is
+    skipped, so a refusal at config time keeps its reason)."""
     out = {}
     for job in jobs:
         run = runs.get(job["name"], {"status": "not run"})
         if run.get("status") != "done":
-            lines = [ln.strip() for ln in (run.get("error") or "").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in (run.get("error") or "").splitlines()
+                     if ln.strip() and not ln.strip().startswith("For further information")]
             out[job["name"]] = (f"{run.get('status')}: {lines[-1]}" if lines else str(run.get("status")))[:400]
     return out
 
@@ -196,7 +204,11 @@ def markdown(result: dict) -> list[str]:
         lines += [f"- `{name}`: {why}" for name, why in result["failures"].items()]
     if result.get("targets"):
         lines += ["", "Targets:", ""]
-        lines += [f"- {scheme or 'bf16'}: {info}" for scheme, info in result["targets"].items()]
+        lines += [f"- {scheme}: {info}" for scheme, info in result["targets"].items()]
+    added = {name: v for name, v in (s.get("variants") or {}).items() if isinstance(v, dict) and v.get("engine")}
+    if added:
+        lines += ["", "Engine settings added per variant:", ""]
+        lines += [f"- {name}: {v['engine']}" for name, v in added.items()]
     return lines
 
 

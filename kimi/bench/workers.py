@@ -59,6 +59,20 @@ def kimi_path(scratch: Path) -> Path:
 
 # -- the orchestrator's side ---------------------------------------------------------------------------------
 
+def site_errors(**sites: Path | None) -> list[str]:
+    """What is wrong with the vLLM sites a benchmark puts first on its workers' ``PYTHONPATH`` (``--fork-site``,
+    ``--upstream-site``): one line per option that is missing or names a folder without ``vllm/__init__.py`` (a
+    mistyped site would let the worker import whatever ``vllm`` comes next, and compare the fork with itself)."""
+    out = []
+    for name, site in sites.items():
+        flag = "--" + name.replace("_", "-")
+        if site is None:
+            out.append(f"{flag} is required")
+        elif not (Path(site) / "vllm" / "__init__.py").is_file():
+            out.append(f"{flag} {site} holds no vllm package (no vllm/__init__.py there)")
+    return out
+
+
 def vllm_env(pythonpath: list, cache: Path) -> dict[str, str]:
     """This process's environment for a child that runs vLLM: ``PYTHONPATH`` = ``pythonpath`` (in that order,
     empty and repeated entries left out, the caller's own not added), ``VLLM_CACHE_ROOT`` = ``cache`` (one
