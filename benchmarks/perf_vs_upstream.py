@@ -83,23 +83,27 @@ from pathlib import Path
 from kimi.bench.perf import log, measure
 from kimi.bench.perf.analysis import combine, pool, summarize
 from kimi.bench.perf.orchestrate import run_all
-from kimi.bench.perf.plan import CONCURRENCY, PAIR_KS, SLICE_KS, engine_settings, inputs, plan
+from kimi.bench.perf.plan import (
+    CONCURRENCY,
+    PAIR_KS,
+    SLICE_KS,
+    add_side_by_side_options,
+    engine_settings,
+    inputs,
+    plan,
+)
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.results import stamp
 from kimi.bench.workers import serve_jobs, site_errors
 from kimi.errors import KimiError
-from kimi.models import SHIPPED_PAIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--upstream-site", type=Path, help="folder holding upstream vLLM's pristine `vllm` package")
-    p.add_argument("--fork-site", type=Path, help="folder holding the fork's `vllm` (install-into'd site)")
-    p.add_argument("--pair", type=Path, default=SHIPPED_PAIR,
-                   help="the trained reference pair (target/, drafter/; default: the shipped models/pair)")
+    add_side_by_side_options(p, ROOT / "benchmarks" / "results",
+                             "the trained reference pair (target/, drafter/; default: the shipped models/pair)")
     p.add_argument("--models", nargs="+", default=["pair", "kimi_slice"], choices=["pair", "kimi_slice"])
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     p.add_argument("--ks", type=int, nargs="+", default=list(PAIR_KS))

@@ -34,21 +34,18 @@ from kimi.bench.hardware import describe
 from kimi.bench.perf import measure
 from kimi.bench.perf.analysis import versions_of
 from kimi.bench.perf.orchestrate import run_parallel
+from kimi.bench.perf.plan import add_side_by_side_options
 from kimi.bench.quantized import failures, jobs_of, markdown, pick, quantization_of, rows, totals, variant_settings
 from kimi.bench.results import stamp, write_json, write_lines
 from kimi.bench.workers import serve_jobs, site_errors
 from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE
-from kimi.models import SHIPPED_PAIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--upstream-site", type=Path, help="folder holding upstream vLLM's pristine `vllm` package")
-    p.add_argument("--fork-site", type=Path, help="folder holding the fork's `vllm` (install-into'd site)")
-    p.add_argument("--pair", type=Path, default=SHIPPED_PAIR, help="the reference pair (default: models/pair)")
+    add_side_by_side_options(p, ROOT / "benchmarks" / "results", "the reference pair (default: models/pair)")
     p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these (kimi.bench.quantized.VARIANTS)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")

@@ -20,6 +20,18 @@ SLICE_KS = (3,)
 HELD_RUNNERS = {"v1": "0", "v2": "1"}
 
 
+def add_side_by_side_options(p: argparse.ArgumentParser, results: Path, pair_help: str) -> None:
+    """The options of a fork-against-upstream benchmark (``perf_vs_upstream.py``, ``quantized.py``): ``--out``
+    (default ``results``), ``--upstream-site``, ``--fork-site`` (checked by :func:`kimi.bench.workers.site_errors`)
+    and ``--pair`` (default the shipped pair)."""
+    from kimi.models import SHIPPED_PAIR
+
+    p.add_argument("--out", type=Path, default=results)
+    p.add_argument("--upstream-site", type=Path, help="folder holding upstream vLLM's pristine `vllm` package")
+    p.add_argument("--fork-site", type=Path, help="folder holding the fork's `vllm` (install-into'd site)")
+    p.add_argument("--pair", type=Path, default=SHIPPED_PAIR, help=pair_help)
+
+
 def engine_settings(cpu_smoke: bool, concurrency: list[int]) -> dict:
     """The ``LLM(...)`` settings every engine of a call shares (``kimi.e2e.presets``): on a GPU room for the
     largest concurrency."""
