@@ -11,6 +11,14 @@ greedy prompts without speculation and with each drafter. Each run is compared w
 greedy output identical, τ from vLLM's counters, start-up seconds. Layouts that vLLM 0.32.0 cannot serve with
 EAGLE-3 (pipeline parallelism on these targets) are refused by the fork before loading; the row keeps the message.
 
+``--executors ray`` (issue 19; ``.venv/bin/python -m pip install ray`` first) runs the multi-worker layout of
+``kimi.bench.parallel.RAY_LAYOUTS`` (TP 2) through vLLM's Ray executor (``--distributed-executor-backend ray``) on a
+local Ray cluster that the run starts and stops (or the one ``RAY_ADDRESS`` names), compared with the target on one
+rank; ``--executors mp ray`` runs both. ``--targets pair`` leaves out the reference models. ``--merge`` keeps the
+rows of ``--out``'s ``parallel.json`` that this run does not redo, so that the Ray rows can be added alone::
+
+    .venv/bin/python benchmarks/parallel.py --executors ray --targets pair --merge
+
 Writes ``parallel.json`` and ``parallel.md`` to ``--out`` (default ``benchmarks/results``), both rewritten after each
 model; ``--render FILE`` rewrites them from a ``parallel.json``. The runs are ``kimi.bench.parallel``.
 """
@@ -24,13 +32,16 @@ import time
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name
-from kimi.bench.parallel import executor, failure, model_rows, reference_drafters
+from kimi.bench.parallel import executor, failure, local_ray, model_rows, reference_drafters
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
 from kimi.models import SHIPPED_PAIR
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Under the header when there are Ray rows.
+RAY_NOTE = ("- executor `ray`: vLLM's Ray executor (`distributed_executor_backend=\"ray\"`) on a local Ray cluster "
+            "started and stopped by the run; `unsupported`: vLLM refuses it before loading anything")
 
 
 def markdown(result: dict) -> list[str]:
@@ -38,9 +49,12 @@ def markdown(result: dict) -> list[str]:
     v = result["versions"]
     lines = [*header("EAGLE-3 across parallel layouts on CPU (issue K)", result["command"], result["date"]),
              f"- CPU: {result['cpu']} ({result['cpus']} CPUs for this process)",
-             f"- versions: vLLM {v['vllm']}, torch {v['torch']}, Python {v['python']}",
+             f"- versions: vLLM {v['vllm']}, torch {v['torch']}, Python {v['python']}"
+             + (f", Ray {v['ray']}" if v.get("ray") else ""),
              (f"- {result['prompts']} held-out prompts x {result['tokens']} greedy tokens, float32, torch.compile; "
-             "identical: sequences equal to the same target alone on one rank (and at the same layout)"), "",
+             "identical: sequences equal to the same target alone on one rank (and at the same layout)"),
+             *[f"- rows added by `{run['command']}` ({run['date']}): {run['rows']}" for run in result.get("added", [])],
+             *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []), "",
              ("| model | drafter | tp | pp | executor | status | identical to TP 1 | to same layout, no spec | τ "
              "| start-up s | message |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -54,6 +68,24 @@ def markdown(result: dict) -> list[str]:
     return lines
 
 
+def merged(previous: dict, new: dict) -> dict:
+    """``previous`` (a parallel.json) with ``new``'s rows: a row of the same model, drafter, layout and executor
+    replaced in place, others after the last row of their model; ``new``'s command, date and versions noted
+    under ``added``."""
+    def key(row: dict) -> tuple:
+        return row["model"], row["drafter"], row["tp"], row["pp"], row["executor"]
+
+    fresh = {key(r): r for r in new["rows"]}
+    rows = [fresh.pop(key(r), r) for r in previous["rows"]]
+    for row in fresh.values():
+        last = max((i for i, r in enumerate(rows) if r["model"] == row["model"]), default=len(rows) - 1)
+        rows.insert(last + 1, row)
+    note = {"command": new["command"], "date": new["date"], "seconds": new.get("seconds"),
+            "rows": ", ".join(sorted({f"{r['model']} tp {r['tp']} pp {r['pp']} {r['executor']}" for r in new["rows"]}))}
+    return {**previous, "versions": {**previous["versions"], **new["versions"]},
+            "added": [*previous.get("added", []), note], "rows": rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=ROOT / ".kimi/models/reference",
@@ -63,16 +95,23 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("-k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    parser.add_argument("--executors", nargs="+", choices=("mp", "ray"), default=["mp"],
+                        help="mp: every layout with vLLM's default executors; ray: TP 2 through vLLM's Ray executor "
+                        "on a local Ray cluster (pip install ray)")
+    parser.add_argument("--targets", nargs="+", choices=("pair", "reference"), default=["pair", "reference"])
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of --out's parallel.json that this run does not redo")
     parser.add_argument("--render", type=Path, metavar="JSON", help="rewrite the markdown of a parallel.json")
     args = parser.parse_args()
     if args.render:
         result = json.loads(args.render.read_text())
         for row in result["rows"]:  # the fields derived from what was recorded, as this version derives them
-            row.update(failure(row["error"]) if "error" in row else {}, executor=executor(row["tp"], row["pp"]))
+            row.update(failure(row["error"]) if "error" in row else {},
+                       executor=executor(row["tp"], row["pp"], "ray" if row["executor"] == "ray" else "mp"))
         write_json(args.render, result)
         write_lines(args.render.with_suffix(".md"), markdown(result))
         return 0
-    if not (args.models / "MANIFEST.json").is_file():
+    if "reference" in args.targets and not (args.models / "MANIFEST.json").is_file():
         parser.error(f"no reference models in {args.models}: run `python3 -m kimi models make` first")
     import os
 
@@ -80,24 +119,41 @@ def main() -> int:
     import vllm
 
     began = time.monotonic()
+    previous = json.loads((args.out / "parallel.json").read_text()) if args.merge else None
+    if "ray" in args.executors:
+        try:
+            import ray
+        except ImportError:
+            parser.error("--executors ray needs Ray: .venv/bin/python -m pip install ray")
     result = {**stamp("benchmarks/parallel.py", sys.argv[1:], python="python"), "cpu": cpu_name(),
               "cpus": len(os.sched_getaffinity(0)), "prompts": args.prompts, "tokens": args.tokens,
-              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": sys.version.split()[0]},
+              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": sys.version.split()[0],
+                           **({"ray": ray.__version__} if "ray" in args.executors else {})},
               "rows": []}
     prompts = code_prompts(args.prompts)
 
     def log(msg: str) -> None:
         print(f"parallel [{time.monotonic() - began:6.0f} s] {msg}", flush=True)
 
-    for name, target, drafters in (("pair", args.pair / "target", {"llama": str(args.pair / "drafter")}),
-                                   ("reference", args.models / "target", reference_drafters(args.models))):
+    models = {"pair": (args.pair / "target", {"llama": str(args.pair / "drafter")}),
+              "reference": (args.models / "target", reference_drafters(args.models))}
+    for name in args.targets:
+        target, drafters = models[name]
         prompt_ids = tokenize(str(target), prompts)
-        result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log)
+        for backend in args.executors:
+            if backend == "ray":
+                with local_ray():
+                    result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log,
+                                                 backend="ray")
+            else:
+                result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log)
         result["seconds"] = round(time.monotonic() - began)
-        write_json(args.out / "parallel.json", result)
-        write_lines(args.out / "parallel.md", markdown(result))
+        shown = merged(previous, result) if previous else result
+        write_json(args.out / "parallel.json", shown)
+        write_lines(args.out / "parallel.md", markdown(shown))
+    result = shown
     print("\n".join(markdown(result)))
-    return 0 if all(r["status"] in ("done", "refused") for r in result["rows"]) else 1
+    return 0 if all(r["status"] in ("done", "refused", "unsupported") for r in result["rows"]) else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Issue K: EAGLE-3 across tensor- and pipeline-parallel layouts on CPU (``kimi.bench.parallel``,
-``benchmarks/parallel.py``). The logic runs here without vLLM; the engines in the ``install`` tests."""
+``benchmarks/parallel.py``); issue 19: the same through vLLM's Ray executor. The logic runs here without vLLM;
+the engines in the ``install`` tests (the Ray one also needs ``.venv/bin/python -m pip install ray``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kimi.bench import parallel
-from kimi.bench.parallel import LAYOUTS, model_rows, omp_bind, tau
+from kimi.bench.parallel import LAYOUTS, RAY_LAYOUTS, model_rows, omp_bind, tau
 from kimi.e2e.engine import GreedyRun
 
 
@@ -74,6 +75,95 @@ def test_a_refusal_keeps_the_forks_message_and_other_failures_their_tail() -> No
                "information visit https://errors.pydantic.dev/2.12/v/value_error")
     assert parallel.failure(wrapped) == {"status": "refused", "error": parallel.REFUSED + "2 on ... Fix: x"}
     assert parallel.failure("x" * 2000 + "boom") == {"status": "error", "error": ("x" * 2000 + "boom")[-1500:]}
+
+
+def test_ray_rows_run_one_rank_only_once_ray_has_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend="ray": TP 2 through Ray; the one-rank runs (not rows) only once a Ray run served, then compared."""
+    calls: list[tuple] = []
+
+    def failing(target, prompt_ids, tokens, tp, pp, spec, backend=None):
+        calls.append((tp, pp, bool(spec), backend))
+        return None, {"status": "unsupported", "error": parallel.RAY_ON_CPU + ".", "seconds": 0.1}
+
+    monkeypatch.setattr(parallel, "serve_layout", failing)
+    rows = model_rows("pair", "t", {"llama": "d"}, [[9]], 2, 3, lambda msg: None, backend="ray")
+    assert calls == [(2, 1, False, "ray"), (2, 1, True, "ray")]  # no one-rank run to compare nothing with
+    assert [(r["tp"], r["executor"], r["status"]) for r in rows] == [(2, "ray", "unsupported")] * 2
+    assert all(r.get("identical_to_tp1") is None for r in rows)
+
+    def serving(target, prompt_ids, tokens, tp, pp, spec, backend=None):
+        calls.append((tp, pp, bool(spec), backend))
+        counters = {"num_drafts": 4.0, "num_draft_tokens": 12.0, "num_accepted_tokens": 6.0 if tp == 1 else 5.0}
+        run = GreedyRun([[1, 2]], counters if spec else {"num_drafts": 0.0}, start_s=1.0)
+        return run, {"status": "done", "start_s": 1.0, "seconds": 1.0, "counters": run.counters}
+
+    calls.clear()
+    monkeypatch.setattr(parallel, "serve_layout", serving)
+    rows = model_rows("pair", "t", {"llama": "d"}, [[9]], 2, 3, lambda msg: None, backend="ray")
+    assert calls == [(2, 1, False, "ray"), (1, 1, False, None), (2, 1, True, "ray"), (1, 1, True, None)]
+    assert [(r["tp"], r["pp"]) for r in rows] == [layout for layout in RAY_LAYOUTS for _ in range(2)]
+    ray_llama = rows[1]
+    assert ray_llama["identical_to_tp1"] == {"identical": 1, "total": 1} and ray_llama["tau"] == 2.25
+    assert ray_llama["same_counters_as_tp1"] is False  # one accepted token fewer than on one rank
+
+
+def test_a_failed_start_up_is_reported_by_its_root_cause_and_ray_on_cpu_as_unsupported() -> None:
+    log = ("Traceback (most recent call last):\n  File \"ray_utils.py\", line 574\n    raise ValueError(\n"
+           "ValueError: current platform cpu does not support ray.\n(EngineCore pid=1) INFO shutting down\n")
+    assert parallel.root_cause(log) == "ValueError: current platform cpu does not support ray."
+    assert parallel.root_cause("nothing failed") is None
+    assert parallel.failure("ValueError: current platform cpu does not support ray. (in the engine core)")[
+        "status"] == "unsupported"
+    assert parallel.executor(2, 1, "ray") == "ray" and parallel.executor(1, 1, "ray") == "uni"
+
+
+def test_captured_stderr_catches_what_child_processes_write_and_echoes_it(capfd: pytest.CaptureFixture) -> None:
+    import subprocess
+    import sys
+
+    with parallel.captured_stderr() as captured:
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('KeyError: from a child\\n')"],
+                       check=True)
+    assert parallel.root_cause(captured.text) == "KeyError: from a child"
+    assert "KeyError: from a child" in capfd.readouterr().err
+
+
+@pytest.mark.install
+def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_recorded(trained_pair: Path) -> None:
+    """Issue 19: the shipped pair at TP 2 through vLLM's Ray executor on a Ray cluster this test starts and stops.
+    vLLM 0.32.0 refuses Ray on its CPU backend before anything loads (``CpuPlatform.ray_device_key`` is empty,
+    :data:`~kimi.bench.parallel.RAY_ON_CPU`), as benchmarks/results/parallel.md records; a vLLM (or fork) that
+    serves it must give the greedy tokens and acceptance counts of TP 1."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: .venv/bin/python -m pip install ray")
+    import psutil
+    from vllm.platforms import current_platform
+
+    from kimi.e2e.engine import tokenize
+    from kimi.e2e.presets import CPU_EAGER
+    from kimi.e2e.prompts import code_prompts
+
+    if "RAY_ADDRESS" in os.environ:
+        pytest.skip("RAY_ADDRESS names a Ray cluster; this test starts its own")
+    target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
+    prompt_ids = tokenize(target, code_prompts(4))
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
+    with parallel.local_ray(num_cpus=2) as address:
+        assert ray.is_initialized() and os.environ["RAY_ADDRESS"] == address
+        cluster = [info.process.pid for infos in ray._private.worker._global_node.all_processes.values()
+                   for info in infos]
+        two, entry = parallel.serve_layout(target, prompt_ids, 24, 2, 1, spec, CPU_EAGER, backend="ray")
+    assert not ray.is_initialized() and "RAY_ADDRESS" not in os.environ  # the cluster is stopped
+    assert cluster and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                               for pid in cluster)
+    if not current_platform.ray_device_key:  # vLLM 0.32.0: refused before any worker or weight
+        assert two is None and entry["status"] == "unsupported" and entry["seconds"] < 120, entry
+        assert entry["error"].startswith("ValueError: " + parallel.RAY_ON_CPU), entry
+        return
+    assert entry["status"] == "done", entry
+    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None, CPU_EAGER)
+    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec, CPU_EAGER)
+    assert two.tokens == base.tokens and one.tokens == base.tokens
+    assert two.counters == one.counters and two.counters["num_drafts"] > 0
 
 
 @pytest.mark.install

@@ -5,13 +5,18 @@ on one rank without speculation.
 A layout's run either serves the prompts (greedy tokens, spec-decode counters, start-up seconds) or is refused
 before anything loads (the fork's pre-load check, ``kimi/hooks/eagle3_drafter_checks.py``): vLLM 0.32.0 cannot
 serve EAGLE-3 with pipeline parallelism on these targets. Needs the fork's venv (vLLM, torch).
+
+With ``backend="ray"`` (issue 19) the multi-worker layouts go through vLLM's Ray executor
+(``distributed_executor_backend="ray"``) on a local Ray cluster (:func:`local_ray`, ``pip install ray``), each
+against the same target on one rank; vLLM 0.32.0 refuses Ray on its CPU backend (:data:`RAY_ON_CPU`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from kimi.e2e.engine import GreedyRun, identical, vllm_greedy
@@ -19,8 +24,14 @@ from kimi.e2e.presets import CPU_ENGINE
 
 #: (tensor_parallel_size, pipeline_parallel_size) of the runs, one rank first (the reference).
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
+#: The layouts run through vLLM's Ray executor (``backend="ray"``): TP 2, as benchmarks/parallel.py's mp row.
+RAY_LAYOUTS = ((2, 1),)
 #: What the refusal of an unservable layout says (``check_pipeline_parallel``).
 REFUSED = "EAGLE-3 with pipeline_parallel_size="
+#: What vLLM 0.32.0 says when its Ray executor starts on the CPU backend: ``CpuPlatform`` keeps the empty
+#: ``ray_device_key`` of ``Platform``, and ``initialize_ray_cluster`` (``vllm/v1/executor/ray_utils.py``) raises
+#: this right after ``ray.init``, before any worker or weight (upstream vllm#21602, closed as stale).
+RAY_ON_CPU = "current platform cpu does not support ray"
 
 
 def omp_bind(workers: int, cpus: list[int] | None = None) -> str:
@@ -50,38 +61,86 @@ def bound_threads(workers: int):
         del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
 
 
+class Captured:
+    """What :func:`captured_stderr` caught: ``text``, set when the block ends."""
+
+    text = ""
+
+
+@contextmanager
+def captured_stderr():
+    """File descriptor 2 into a temporary file while the block runs (vLLM's engine-core process inherits it, and
+    prints there the traceback of a failed start-up that ``LLM(...)`` only calls "root cause above"), written to
+    the real stderr when the block ends; yields a :class:`Captured` whose ``text`` is set then."""
+    import sys
+    import tempfile
+
+    captured = Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode(errors="replace")
+            sys.stderr.write(captured.text)
+            sys.stderr.flush()
+
+
+def root_cause(text: str) -> str | None:
+    """The last ``SomeError: message`` line at the start of a line of ``text`` (a traceback's last line), or
+    None."""
+    found = re.findall(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$", text, re.MULTILINE)
+    return f"{found[-1][0]}: {found[-1][1].strip()}" if found else None
+
+
 def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int, pp: int,
-                 spec: dict | None, engine: dict = CPU_ENGINE) -> tuple[GreedyRun | None, dict]:
-    """One engine at ``tp`` x ``pp`` (vLLM's default executor, :func:`executor`; ``engine``: float32 with
+                 spec: dict | None, engine: dict = CPU_ENGINE,
+                 backend: str | None = None) -> tuple[GreedyRun | None, dict]:
+    """One engine at ``tp`` x ``pp`` (vLLM's default executor, :func:`executor`, unless ``backend`` names one
+    (``"ray"``: a Ray cluster must be reachable, :func:`local_ray`); ``engine``: float32 with
     torch.compile by default,
     since vLLM 0.32.0's CPU workers allocate the pipeline's intermediate tensors in the compile warm-up, so an eager
     engine with ``pipeline_parallel_size > 1`` fails its first step on the later stages): ``(run, entry)`` where
     ``entry`` holds ``status`` (``done``, ``refused`` before loading, or ``error``), the seconds, and on ``done``
-    the start-up seconds and counters; ``run`` is None unless done."""
+    the start-up seconds and counters; ``run`` is None unless done. With ``backend`` the engine-core's stderr is
+    read (:func:`captured_stderr`) so that a failed start-up is reported with its root cause first."""
     began = time.monotonic()
     layout = {**engine, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}
+    if backend is not None:
+        layout["distributed_executor_backend"] = backend
+    captured = Captured()
     try:
-        with bound_threads(tp * pp):
+        with bound_threads(tp * pp), (captured_stderr() if backend is not None else nullcontext(captured)) \
+                as captured:
             run = vllm_greedy(target, prompt_ids, tokens, speculative=spec, **layout)
     except Exception as exc:  # a refusal names the fix; anything else is reported, not raised
-        return None, {**failure(str(exc)), "seconds": round(time.monotonic() - began, 1)}
+        cause = root_cause(captured.text)
+        text = f"{cause} (in the engine core; LLM() raised: {exc})" if cause and cause not in str(exc) else str(exc)
+        return None, {**failure(text), "seconds": round(time.monotonic() - began, 1)}
     return run, {"status": "done", "start_s": run.start_s, "seconds": round(time.monotonic() - began, 1),
                  "counters": dict(run.counters)}
 
 
-def executor(tp: int, pp: int) -> str:
-    """The executor vLLM picks when none is named: ``uni`` (in the engine's process) for one worker, ``mp`` (one
-    process per worker on this host) for more."""
-    return "uni" if tp * pp == 1 else "mp"
+def executor(tp: int, pp: int, backend: str = "mp") -> str:
+    """The executor of a run: ``uni`` (in the engine's process) for one worker; for more, the one vLLM picks when
+    none is named, ``mp`` (one process per worker on this host), or ``backend`` (``ray``) when named."""
+    return "uni" if tp * pp == 1 else backend
 
 
 def failure(text: str) -> dict:
     """``{"status", "error"}`` of an engine that did not start: ``refused`` with the fork's message alone (pydantic
-    puts "1 validation error for SpeculativeConfig" before it and the input and a link after it), else ``error``
-    with the text's last 1500 characters."""
+    puts "1 validation error for SpeculativeConfig" before it and the input and a link after it),
+    ``unsupported`` when vLLM itself refuses the executor before loading (:data:`RAY_ON_CPU`), else ``error``;
+    both with the text's last 1500 characters."""
     at = text.find(REFUSED)
     if at < 0:
-        return {"status": "error", "error": text[-1500:]}
+        return {"status": "unsupported" if RAY_ON_CPU in text else "error", "error": text[-1500:]}
     # pydantic follows the message with " [type=value_error, input_value=...]" and a link to its docs
     return {"status": "refused", "error": text[at:].split(" [type=")[0].split("\n")[0].strip()}
 
@@ -93,34 +152,76 @@ def tau(counters: dict) -> float | None:
 
 
 def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: list[list[int]], tokens: int, k: int,
-               log) -> list[dict]:
-    """Every layout of :data:`LAYOUTS` for one target: without speculation and with each drafter style of
-    ``drafters`` (style -> folder). Rows compare each run's greedy tokens with the target alone on one rank
-    (``identical_to_tp1``) and, with speculation, with the target alone at the same layout
-    (``identical_to_layout_nospec``); τ from the counters. Layouts that cannot start are rows with their status."""
+               log, backend: str = "mp") -> list[dict]:
+    """Every layout of :data:`LAYOUTS` for one target (``backend="ray"``: the layouts of :data:`RAY_LAYOUTS` through
+    vLLM's Ray executor): without speculation and with each drafter style of ``drafters`` (style -> folder). Rows
+    compare each run's greedy tokens with the target alone on one rank (``identical_to_tp1``) and, with
+    speculation, with the target alone at the same layout (``identical_to_layout_nospec``) and its counters with
+    the same drafter on one rank (``same_counters_as_tp1``); τ from the counters. Layouts that cannot start are rows
+    with their status. With ``ray`` the one-rank runs are not rows (they are the ``mp`` run's) and are made only
+    once a Ray run has served, to be compared with."""
     rows: list[dict] = []
-    reference: GreedyRun | None = None
+    one_rank: dict[str, GreedyRun | None] = {}  # style -> the run at TP 1 x PP 1 ("none": the reference)
     nospec: dict[tuple[int, int], GreedyRun] = {}
-    for tp, pp in LAYOUTS:
-        for style, drafter in [("none", None), *drafters.items()]:
-            spec = None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-            log(f"{name}: tp {tp} pp {pp}, drafter {style}")
-            run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec)
-            row = {"model": name, "tp": tp, "pp": pp, "executor": executor(tp, pp), "drafter": style,
+    specs = {style: None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
+             for style, drafter in [("none", None), *drafters.items()]}
+
+    def at_one_rank(style: str) -> GreedyRun | None:
+        if style not in one_rank:
+            log(f"{name}: tp 1 pp 1, drafter {style} (the one-rank run to compare the {backend} runs with)")
+            one_rank[style] = serve_layout(target, prompt_ids, tokens, 1, 1, specs[style])[0]
+        return one_rank[style]
+
+    for tp, pp in LAYOUTS if backend == "mp" else RAY_LAYOUTS:
+        for style, spec in specs.items():
+            log(f"{name}: tp {tp} pp {pp}, drafter {style}" + (f", {backend} executor" if backend != "mp" else ""))
+            if backend == "mp":
+                run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec)
+            else:
+                run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec, backend=backend)
+            row = {"model": name, "tp": tp, "pp": pp, "executor": executor(tp, pp, backend), "drafter": style,
                    "k": k if spec else 0, **entry}
             if run is not None:
-                if drafter is None:
+                if (tp, pp) == (1, 1):
+                    one_rank[style] = run
+                elif backend != "mp":
+                    at_one_rank("none")
+                    at_one_rank(style)
+                if spec is None:
                     nospec[(tp, pp)] = run
-                    reference = run if (tp, pp) == (1, 1) else reference
                 else:
                     row["tau"] = tau(run.counters)
                     if (tp, pp) in nospec:
                         row["identical_to_layout_nospec"] = identical(run, nospec[(tp, pp)])
+                    if (tp, pp) != (1, 1) and one_rank.get(style) is not None:
+                        row["same_counters_as_tp1"] = run.counters == one_rank[style].counters
+                reference = one_rank.get("none")
                 row["identical_to_tp1"] = identical(run, reference) if reference is not None else None
             log(f"{name}: tp {tp} pp {pp}, drafter {style}: {row['status']} "
                 + (f"tau {row.get('tau')}, {row['identical_to_tp1']}" if run is not None else row["error"][:200]))
             rows.append(row)
     return rows
+
+
+@contextmanager
+def local_ray(num_cpus: int | None = None):
+    """A Ray cluster for the block: the one ``RAY_ADDRESS`` names if the caller set it (a site's cluster, left as
+    it is), else a local one started by this process (``ray.init``: a head node whose GCS, raylet and workers are
+    this process's children, ``num_cpus`` CPUs, default this process's) and stopped after (``ray.shutdown``), with
+    ``RAY_ADDRESS`` naming it meanwhile so that vLLM's engine-core process joins it. Yields the address."""
+    if os.environ.get("RAY_ADDRESS"):
+        yield os.environ["RAY_ADDRESS"]
+        return
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    context = ray.init(num_cpus=num_cpus or len(os.sched_getaffinity(0)), include_dashboard=False)
+    os.environ["RAY_ADDRESS"] = context.address_info["gcs_address"]
+    try:
+        yield os.environ["RAY_ADDRESS"]
+    finally:
+        del os.environ["RAY_ADDRESS"]
+        ray.shutdown()
 
 
 def reference_drafters(models: Path) -> dict[str, str]:
