@@ -9,9 +9,11 @@ inside accepted drafts; ``mla``: the reference DeepSeek-V3 target with its MLA-s
 accepted) ``vllm serve`` with EAGLE-3 (k = 3) gets every scenario of ``kimi.bench.torture`` through the official
 ``openai`` client: preemption and recompute in a small KV cache, clients that disconnect mid-stream, prefix-cache
 hits, chunked prefill, prompts ending at ``max_model_len``, JSON-schema and regex outputs, mixed sampling, stop
-strings and ``max_tokens`` inside an accepted draft, ``n > 1``, logprobs, streaming; then malformed requests and
-``vllm bench serve`` at c = 1/4/16/64 (``llama`` only). The same calls go to the same server without speculation
-(greedy output compared token by token) and the seeded ones to an EAGLE-3 server with another chunking.
+strings and ``max_tokens`` inside an accepted draft, ``n > 1``, logprobs, streaming, multi-turn chat and forced tool
+calls on ``/v1/chat/completions`` (the servers get the fork's chat template, ``kimi/e2e/chat_template.jinja``: the
+models have none); then malformed requests and ``vllm bench serve`` at c = 1/4/16/64 (``llama`` only). The same calls
+go to the same server without speculation (greedy output compared token by token) and the seeded ones to an EAGLE-3
+server with another chunking.
 
 Writes ``robustness.json`` and ``robustness.md`` to ``--out`` (default ``benchmarks/results``), the servers' logs to
 ``--out/logs/robustness``. The run is ``kimi.bench.robustness``.

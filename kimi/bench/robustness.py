@@ -4,7 +4,9 @@ paths, compared request by request with the same server without speculation, and
 Per drafter style three servers run one after the other with the settings of :func:`server_args`: ``spec``
 (EAGLE-3, k = :data:`K`), ``nospec`` (the same without ``--speculative-config``) and ``spec_rechunked`` (EAGLE-3
 with another ``--max-num-batched-tokens``, for seeded sampling across chunkings). The calls are
-:mod:`kimi.bench.torture`'s. Needs the fork's venv (``openai``, ``tokenizers``, vLLM's CLI).
+:mod:`kimi.bench.torture`'s, on ``/v1/completions`` and, for the chat scenarios, ``/v1/chat/completions`` (with the
+fork's chat template and a tool parser: :func:`server_args`). Needs the fork's venv (``openai``, ``tokenizers``,
+vLLM's CLI).
 """
 
 from __future__ import annotations
@@ -23,12 +25,22 @@ from kimi.bench.torture import (
     Outcome,
     PromptPool,
     client,
+    conversations,
     probe_calls,
     scenarios,
     send_all,
     stop_calls,
+    valid_tool_call,
 )
-from kimi.e2e.server import VllmServer, metric_sums, request, serve_args, spec_counters, vllm_command
+from kimi.e2e.server import (
+    CHAT_TEMPLATE,
+    VllmServer,
+    metric_sums,
+    request,
+    serve_args,
+    spec_counters,
+    vllm_command,
+)
 
 #: Draft tokens per step.
 K = 3
@@ -52,6 +64,13 @@ BENCH_TOKENS = (64, 32)
 KEEP_ALIVE_S = 75
 #: What the servers' environment adds to this process's.
 SERVER_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)}
+#: Tool parser of the servers. vLLM 0.32.0 answers ``tool_choice="required"`` or a named function with 400
+#: ('tool_choice="required" requires --tool-call-parser to be set') unless the server has a tool parser, and it loads
+#: the parser named by ``--tool-call-parser`` only with ``--enable-auto-tool-choice`` (without it the same 400,
+#: naming the flag that is set). The DeepSeek-V3 and Kimi-K2 parsers need their models' tool-call special tokens,
+#: which the reference tokenizer lacks (and their structural tags write the call in that format); ``pythonic`` has
+#: no structural tag, so a forced call goes through vLLM's generic path: the tool's JSON schema as structured output.
+TOOL_CALL_PARSER = "pythonic"
 
 #: Prometheus gauges and counters read around scenarios (summed over label sets).
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
@@ -62,7 +81,9 @@ def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = B
                 gpu: bool = False) -> list[str]:
     """``vllm serve`` flags of one torture server: a KV cache of ``kv_bytes``, seed 0, and on CPU eager; on a GPU
     (``gpu``) vLLM's defaults (torch.compile, CUDA graphs) and a low ``gpu_memory_utilization`` (the fixed KV cache
-    skips memory profiling; see :mod:`kimi.e2e.presets`); :func:`server_dtype`."""
+    skips memory profiling; see :mod:`kimi.e2e.presets`); :func:`server_dtype`. For ``/v1/chat/completions``: the
+    fork's chat template (the models have none), :data:`TOOL_CALL_PARSER` for forced tool calls, and the prompt
+    tokens served from the prefix cache in each answer's usage."""
     engine = {"max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": kv_bytes, "seed": 0, "max_num_seqs": 16,
               "speculative_config": speculative, "dtype": server_dtype(gpu),
               **({"gpu_memory_utilization": 0.12} if gpu else {"enforce_eager": True})}
@@ -70,7 +91,9 @@ def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = B
     # backend takes disable_any_whitespace from the server's config only (a request's is ignored), and the config
     # accepts it only with the backend named
     return [*serve_args(engine), "--max-num-batched-tokens", str(batched_tokens),
-            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+            "--chat-template", str(CHAT_TEMPLATE), "--enable-auto-tool-choice", "--tool-call-parser",
+            TOOL_CALL_PARSER, "--enable-prompt-tokens-details"]
 
 
 def server_dtype(gpu: bool) -> str:
@@ -97,8 +120,10 @@ def wait_idle(server: VllmServer, bound: float = 60.0) -> bool:
 
 def run_calls(server: VllmServer, plan: dict[str, list[Call]], log, one_by_one: bool = False) -> dict:
     """Send each scenario of ``plan`` (all its calls at once; ``prefix_cache``'s first call alone first, to fill
-    the cache; ``stop`` and ``lone_top_k`` one by one: ``stop`` so that its steps are the probe's; every call one by
-    one with ``one_by_one``) and wait for the server to be idle after each.
+    the cache; ``stop`` and ``lone_top_k`` one by one: ``stop`` so that its steps are the probe's; ``chat``'s
+    conversations one after the other, so that one does not evict the other's blocks from the small prefix cache;
+    every call one by one with ``one_by_one``; a conversation's turns always in order) and wait for the server to be
+    idle after each.
 
     Returns ``{"outcomes": {name: Outcome}, "scenarios": {scenario: {"seconds", "preemptions", "prefix_cache_hits",
     "idle_after"}}}``.
@@ -112,7 +137,7 @@ def run_calls(server: VllmServer, plan: dict[str, list[Call]], log, one_by_one: 
             outcomes.update(send_all(openai_client, server.model, calls[:1]))
             outcomes.update(send_all(openai_client, server.model, calls[1:]))
         else:
-            alone = one_by_one or scenario in ("stop", "lone_top_k")
+            alone = one_by_one or scenario in ("stop", "lone_top_k", "chat")
             outcomes.update(send_all(openai_client, server.model, calls, concurrent=not alone))
         seconds = round(time.monotonic() - began, 1)
         idle = wait_idle(server) if server.proc and server.proc.poll() is None else False
@@ -244,6 +269,8 @@ def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: di
             if ours.status not in ("ok", "aborted"):
                 row["errors"].append(f"{call.name}: {ours.status} {ours.error}")
                 continue
+            if ours.status == "ok" and not all(choice["finish_reason"] for choice in ours.choices):
+                row["errors"].append(f"{call.name}: a choice without finish reason")
             against, prefix = {"greedy": ("nospec", ""), "seeded": ("spec_rechunked", "seeded_")}.get(
                 call.compare, (None, ""))
             other = {"nospec": nospec, "spec_rechunked": rechunked}.get(against, {}).get(call.name)
@@ -284,9 +311,27 @@ def _evidence(scenario: str, calls: list[Call], spec: dict, nospec: dict, facts:
                                  nospec[c.name].choices[0].get("logprobs", []), strict=True)]
         return {"max_logprob_diff": max(diffs, default=None)}
     if scenario == "streaming":
-        return {"multi_token_steps": sum(s >= 2 for c in calls for ch in spec[c.name].choices
-                                         for s in ch.get("steps", []))}
+        return {"multi_token_steps": _multi_token_steps(calls, spec)}
+    if scenario == "chat":
+        later = [c for c in calls if c.follows]
+        return {"later_turns_from_prefix_cache": sum(((spec[c.name].usage or {}).get("cached_tokens") or 0) > 0
+                                                     for c in later),
+                "later_turns": len(later), "prefix_cache_hits": facts["prefix_cache_hits"],
+                "multi_token_steps": _multi_token_steps(calls, spec)}
+    if scenario == "tool_call":
+        forced = [c for c in calls if c.params.get("tool_choice") not in (None, "auto", "none")]
+        follow_ups = [c for c in calls if c.follows]
+        return {"forced_calls": len(forced),
+                "valid_tool_calls": sum(valid_tool_call(ch) for c in forced for ch in spec[c.name].choices[:1]),
+                "follow_ups_answered": sum(spec[c.name].status == "ok" and any(
+                    ch["text"] or ch.get("tool_calls") for ch in spec[c.name].choices) for c in follow_ups),
+                "follow_ups": len(follow_ups)}
     return {}
+
+
+def _multi_token_steps(calls: list[Call], spec: dict) -> int:
+    """Streamed chunks of two tokens or more (accepted drafts) in the answers to ``calls``."""
+    return sum(s >= 2 for c in calls for ch in spec[c.name].choices for s in ch.get("steps", []))
 
 
 def _valid(scenario: str, choice: dict) -> bool:
@@ -323,7 +368,7 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
     :data:`KV_CACHE_BYTES` halved for a 2-byte dtype (the same number of tokens). With ``control`` the greedy
     calls also go one by one to the server without speculation (:func:`compare`'s ``control_*``)."""
     speculative = {"method": "eagle3", "model": drafter, "num_speculative_tokens": K}
-    plan = scenarios(pool, MAX_MODEL_LEN)
+    plan = {**scenarios(pool, MAX_MODEL_LEN), **conversations(pool, decode)}
     dtype = server_dtype(gpu)
     kv_bytes = KV_CACHE_BYTES[style] // (1 if dtype == "float32" else 2)
     result: dict = {"target": target, "drafter": drafter, "dtype": dtype, "kv_cache_bytes": kv_bytes, "start_s": {}}

@@ -1,19 +1,21 @@
 """The requests of the torture run (issue 17): each scenario as calls of the official ``openai`` client against a
 ``vllm serve``, and what came back, so that the same calls on a server without speculation can be compared.
 
-A :class:`Call` is one ``client.completions.create(...)``; :func:`send` runs it with a time bound and records the
-outcome without raising (an HTTP error is a status, a timeout is a hang, a refused connection a crash).
-:func:`scenarios` builds the calls from a :class:`PromptPool`; :func:`stop_calls` places stop strings and
-``max_tokens`` inside the multi-token chunks seen in streamed probes (accepted drafts: a chunk carries one engine
-step's tokens, or several steps the server coalesced when the client read late). Needs ``openai`` (a vLLM
-dependency) when a call is sent.
+A :class:`Call` is one ``client.completions.create(...)`` or ``client.chat.completions.create(...)``; :func:`send`
+runs it with a time bound and records the outcome without raising (an HTTP error is a status, a timeout is a hang,
+a refused connection a crash). :func:`scenarios` builds the calls from a :class:`PromptPool`; :func:`stop_calls`
+places stop strings and ``max_tokens`` inside the multi-token chunks seen in streamed probes (accepted drafts: a
+chunk carries one engine step's tokens, or several steps the server coalesced when the client read late);
+:func:`conversations` builds the chat scenarios, whose later turns carry the server's own earlier replies
+(:func:`send_all` sends them turn by turn). Needs ``openai`` (a vLLM dependency) when a call is sent.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: Seconds a single request may take before it counts as a hang.
 REQUEST_BOUND_S = 180.0
@@ -30,6 +32,63 @@ JSON_SCHEMA = {"type": "object", "properties": {"lang": {"enum": ["python", "c",
 PREFIX_TOKENS = 384
 #: Regex of the structured-output scenario (a Python ``def`` header).
 DEF_REGEX = r"def [a-z_]{1,12}\((self|x|a, b)?\):"
+#: The function of the ``tool_call`` scenario, as a client sends it in ``tools``: short and without free strings (see
+#: :data:`JSON_SCHEMA`), so that a forced call ends well within :data:`TOOL_CALL_TOKENS` even when a model spells it
+#: in one- and two-character tokens, as both targets do under the grammar (``tool_choice="required"`` wraps it in
+#: ``[{"name": ..., "parameters": ...}]``: 34-43 tokens for the llama pair; with a third parameter and a longer name
+#: the random MLA-style target took 57).
+TOOL = {"type": "function", "function": {
+    "name": "read", "description": "Read one line of a module of the Python standard library.",
+    "parameters": {"type": "object", "properties": {"module": {"enum": ["json", "email", "http"]},
+                                                    "line": {"type": "integer", "minimum": 1, "maximum": 999}},
+                   "required": ["module", "line"], "additionalProperties": False}}}
+#: Tokens per chat turn (greedy, EOS ignored except where a grammar ends the answer).
+CHAT_TOKENS = 32
+#: Most tokens of a forced tool call; the grammar ends it before (16-43 tokens), so the bound costs nothing and a call
+#: cut by it (invalid JSON) would be a failure of the run, not a finding.
+TOOL_CALL_TOKENS = 64
+#: Tokens of held-out code in a conversation's first turn: more than two of the CPU backend's 128-token blocks, so
+#: that a later turn hits the prefix cache with EAGLE (which drops the last matched block); three turns of
+#: :data:`CHAT_TOKENS` stay within the servers' 512-token context.
+CHAT_CODE_TOKENS = 272
+
+
+#: The tool's answer a client sends back in the ``tool_call`` scenario's follow-up turns (a ``tool`` message).
+TOOL_RESULT = json.dumps({"text": "    return _default_decoder.decode(s)"})
+
+
+def matches_schema(value, schema: dict) -> bool:
+    """Whether ``value`` (parsed JSON) satisfies ``schema``, for the JSON Schema this module's schemas use:
+    ``type`` object (``properties``, ``required``, ``additionalProperties: false``), integer (``minimum``,
+    ``maximum``), boolean, string, and ``enum``."""
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties", {})
+        return (isinstance(value, dict) and set(schema.get("required", [])) <= set(value)
+                and (schema.get("additionalProperties", True) is not False or set(value) <= set(properties))
+                and all(matches_schema(item, properties[key]) for key, item in value.items() if key in properties))
+    if kind == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)
+                and schema.get("minimum", value) <= value <= schema.get("maximum", value))
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    return True
+
+
+def valid_tool_call(choice: dict, tool: dict = TOOL) -> bool:
+    """A reply is one call of ``tool`` whose ``arguments`` parse as JSON and match the tool's parameter schema."""
+    calls = choice.get("tool_calls") or []
+    if len(calls) != 1 or calls[0]["name"] != tool["function"]["name"]:
+        return False
+    try:
+        arguments = json.loads(calls[0]["arguments"])
+    except (TypeError, ValueError):
+        return False
+    return matches_schema(arguments, tool["function"]["parameters"])
 
 
 @dataclass
@@ -43,6 +102,10 @@ class Call:
         compare: ``"greedy"`` (tokens must equal the server without speculation), ``"seeded"`` (must equal the
             same call on a server with another chunking) or ``"none"`` (must only finish).
         abort_after: close the stream after this many chunks (a client that disconnects); ``params`` must stream.
+        endpoint: ``"completions"`` or ``"chat"`` (``client.chat.completions.create``).
+        follows: for a chat call, the name of the call whose conversation it continues: its ``messages`` are then
+            that call's messages, the server's reply to it as an ``assistant`` turn, and this call's own ``messages``
+            (a ``tool`` message without ``tool_call_id`` gets the id of the reply's first tool call).
     """
 
     name: str
@@ -50,6 +113,8 @@ class Call:
     params: dict
     compare: str = "greedy"
     abort_after: int | None = None
+    endpoint: str = "completions"
+    follows: str | None = None
 
 
 @dataclass
@@ -58,20 +123,26 @@ class Outcome:
 
     Attributes:
         status: ``"ok"``, ``"aborted"`` (closed by us as planned), ``"http <code>"`` (an error answer),
-            ``"hang"`` (no answer within the bound) or ``"crash"`` (connection refused or reset: the server died).
+            ``"hang"`` (no answer within the bound), ``"crash"`` (connection refused or reset: the server died) or
+            ``"skipped"`` (a chat turn whose earlier turn failed).
         choices: per choice ``{"text", "token_ids", "finish_reason", "stop_reason"}`` (plus ``"logprobs"``: the
-            chosen tokens' logprobs, when asked; plus ``"steps"``: tokens per streamed chunk, when streamed).
+            chosen tokens' logprobs, when asked; plus ``"steps"``: tokens per streamed chunk, when streamed; plus,
+            for a chat call, ``"tool_calls"``: ``[{"id", "name", "arguments"}]``, and ``"text"`` is the content).
         seconds: wall time of the call.
         error: the error's text, for an error status.
+        usage: for a chat call, ``{"prompt_tokens", "cached_tokens"}`` (``cached_tokens``: prompt tokens served
+            from the prefix cache; None unless the server runs with ``--enable-prompt-tokens-details``).
     """
 
     status: str
     choices: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
+    usage: dict | None = None
 
     def as_dict(self) -> dict:
-        return {"status": self.status, "choices": self.choices, "seconds": self.seconds, "error": self.error}
+        return {"status": self.status, "choices": self.choices, "seconds": self.seconds, "error": self.error,
+                **({"usage": self.usage} if self.usage is not None else {})}
 
 
 def client(base_url: str, bound: float = REQUEST_BOUND_S):
@@ -86,14 +157,19 @@ def send(openai_client, model: str, call: Call) -> Outcome:
     """Run ``call`` against ``model``; never raises for what the server does (see :class:`Outcome`)."""
     import openai
 
+    chat = call.endpoint == "chat"
+    create = openai_client.chat.completions.create if chat else openai_client.completions.create
     began = time.monotonic()
     try:
         if call.params.get("stream"):
-            choices, status = _streamed(openai_client.completions.create(model=model, **call.params), call.abort_after)
+            choices, status, usage = _streamed(create(model=model, **call.params), call.abort_after, chat)
         else:
-            answer = openai_client.completions.create(model=model, **call.params)
-            choices, status = [_choice(c) for c in sorted(answer.choices, key=lambda c: c.index)], "ok"
-        return Outcome(status, choices, round(time.monotonic() - began, 2))
+            answer = create(model=model, **call.params)
+            read = _chat_choice if chat else _choice
+            choices, status = [read(c) for c in sorted(answer.choices, key=lambda c: c.index)], "ok"
+            usage = answer.usage
+        return Outcome(status, choices, round(time.monotonic() - began, 2),
+                       usage=_usage(usage) if chat else None)
     except openai.APITimeoutError as exc:
         return Outcome("hang", seconds=round(time.monotonic() - began, 2), error=str(exc))
     except openai.APIStatusError as exc:
@@ -116,33 +192,130 @@ def _choice(choice) -> dict:
     return found
 
 
-def _streamed(stream, abort_after: int | None) -> tuple[list[dict], str]:
-    """Join a completion stream per choice index; ``steps`` holds the tokens of each chunk (one engine step)."""
+def _chat_choice(choice) -> dict:
+    """A chat completion's choice as :func:`_choice` reads a completion's: the content as ``text``, and its tool
+    calls."""
+    extra = choice.model_extra or {}
+    message = choice.message
+    return {"text": message.content or "", "token_ids": list(extra.get("token_ids") or []),
+            "finish_reason": choice.finish_reason, "stop_reason": extra.get("stop_reason"),
+            "tool_calls": [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+                           for call in message.tool_calls or []]}
+
+
+def _chat_delta(choice) -> dict:
+    """One streamed chat chunk's choice: content, token ids, finish and stop reason, tool-call pieces by index."""
+    extra = choice.model_extra or {}
+    delta = choice.delta
+    return {"text": (delta.content or "") if delta else "", "token_ids": list(extra.get("token_ids") or []),
+            "finish_reason": choice.finish_reason, "stop_reason": extra.get("stop_reason"),
+            "tool_calls": [{"index": call.index, "id": call.id,
+                            "name": call.function.name if call.function else None,
+                            "arguments": (call.function.arguments if call.function else None) or ""}
+                           for call in (delta.tool_calls if delta else None) or []]}
+
+
+def _usage(usage) -> dict | None:
+    """``{"prompt_tokens", "cached_tokens"}`` of a chat answer's usage (None without usage)."""
+    if usage is None:
+        return None
+    details = getattr(usage, "prompt_tokens_details", None)
+    return {"prompt_tokens": usage.prompt_tokens, "cached_tokens": getattr(details, "cached_tokens", None)}
+
+
+def _streamed(stream, abort_after: int | None, chat: bool = False) -> tuple[list[dict], str, object]:
+    """Join a completion (or ``chat``) stream per choice index; ``steps`` holds the tokens of each chunk (one engine
+    step), a chat stream's tool-call pieces are joined per call index. Returns ``(choices, status, usage)``, the
+    usage of the chunk that carries it (a chat stream asked for it with ``stream_options``)."""
     joined: dict[int, dict] = {}
+    usage = None
     for chunks, chunk in enumerate(stream, 1):
+        usage = getattr(chunk, "usage", None) or usage
         for choice in chunk.choices:
-            part = _choice(choice)
+            part = _chat_delta(choice) if chat else _choice(choice)
             into = joined.setdefault(choice.index, {"text": "", "token_ids": [], "finish_reason": None,
-                                                    "stop_reason": None, "steps": []})
+                                                    "stop_reason": None, "steps": [],
+                                                    **({"tool_calls": []} if chat else {})})
             into["text"] += part["text"]
             into["token_ids"] += part["token_ids"]
             if part["token_ids"]:
                 into["steps"].append(len(part["token_ids"]))
             into["finish_reason"] = part["finish_reason"] or into["finish_reason"]
             into["stop_reason"] = part["stop_reason"] if part["stop_reason"] is not None else into["stop_reason"]
+            for piece in part.get("tool_calls", []):
+                calls = into["tool_calls"]
+                while len(calls) <= piece["index"]:
+                    calls.append({"id": None, "name": None, "arguments": ""})
+                call = calls[piece["index"]]
+                call["id"] = call["id"] or piece["id"]
+                call["name"] = call["name"] or piece["name"]
+                call["arguments"] += piece["arguments"]
         if abort_after is not None and chunks >= abort_after:
             stream.close()
-            return [joined[i] for i in sorted(joined)], "aborted"
-    return [joined[i] for i in sorted(joined)], "ok"
+            return [joined[i] for i in sorted(joined)], "aborted", usage
+    return [joined[i] for i in sorted(joined)], "ok", usage
 
 
 def send_all(openai_client, model: str, calls: list[Call], concurrent: bool = True) -> dict[str, Outcome]:
-    """``{call.name: Outcome}``; all calls at once (one thread each) when ``concurrent``, else one by one."""
+    """``{call.name: Outcome}``; all calls at once (one thread each) when ``concurrent``, else one by one. Calls that
+    continue a conversation (``Call.follows``) go after the turn they follow, with its reply in their messages: each
+    conversation turn by turn, the conversations at once when ``concurrent``."""
+    if any(call.follows for call in calls):
+        return _converse(openai_client, model, calls, concurrent)
     if not concurrent:
         return {call.name: send(openai_client, model, call) for call in calls}
     with ThreadPoolExecutor(max(1, len(calls))) as pool:
         return dict(zip([c.name for c in calls], pool.map(lambda c: send(openai_client, model, c), calls),
                         strict=True))
+
+
+def assistant_turn(choice: dict) -> dict:
+    """The ``assistant`` message a client sends back for a reply (a choice as :class:`Outcome` holds it)."""
+    if choice.get("tool_calls"):
+        return {"role": "assistant", "content": choice["text"] or None,
+                "tool_calls": [{"id": call["id"], "type": "function",
+                                "function": {"name": call["name"], "arguments": call["arguments"]}}
+                               for call in choice["tool_calls"]]}
+    return {"role": "assistant", "content": choice["text"]}
+
+
+def _converse(openai_client, model: str, calls: list[Call], concurrent: bool) -> dict[str, Outcome]:
+    """:func:`send_all` for calls with conversations: chains of turns (a call and those that follow it), each chain
+    in order, the chains at once when ``concurrent``. A turn whose earlier turn got no answer is ``"skipped"``."""
+    chains: dict[str, list[Call]] = {}
+    root: dict[str, str] = {}
+    for call in calls:
+        root[call.name] = root.get(call.follows, call.name) if call.follows else call.name
+        chains.setdefault(root[call.name], []).append(call)
+    outcomes: dict[str, Outcome] = {}
+    sent: dict[str, list[dict]] = {}
+
+    def run(chain: list[Call]) -> None:
+        for call in chain:
+            if call.follows is None:
+                sent[call.name] = list(call.params.get("messages", []))
+                outcomes[call.name] = send(openai_client, model, call)
+                continue
+            before = outcomes.get(call.follows)
+            if before is None or before.status != "ok" or not before.choices:
+                outcomes[call.name] = Outcome("skipped", error=f"follows {call.follows}, which got "
+                                                               f"{before.status if before else 'no call'}")
+                continue
+            reply = assistant_turn(before.choices[0])
+            ids = [tool_call["id"] for tool_call in reply.get("tool_calls", [])]
+            own = [{**m, "tool_call_id": ids[0] if ids else "none"} if m.get("role") == "tool"
+                   and "tool_call_id" not in m else m for m in call.params["messages"]]
+            sent[call.name] = [*sent[call.follows], reply, *own]
+            outcomes[call.name] = send(openai_client, model,
+                                       replace(call, params={**call.params, "messages": sent[call.name]}))
+
+    if concurrent:
+        with ThreadPoolExecutor(max(1, len(chains))) as pool:
+            list(pool.map(run, chains.values()))
+    else:
+        for chain in chains.values():
+            run(chain)
+    return {call.name: outcomes[call.name] for call in calls}
 
 
 class PromptPool:
@@ -224,6 +397,50 @@ def scenarios(pool: PromptPool, max_model_len: int) -> dict[str, list[Call]]:
         add("logprobs", {"prompt": pool.ids(72, 120 + i), "logprobs": 3, **_greedy(32)})
     for i in range(4):
         add("streaming", {"prompt": pool.ids(80, 130 + i), "stream": True, **_greedy(48)})
+    return out
+
+
+def conversations(pool: PromptPool, decode) -> dict[str, list[Call]]:
+    """The chat scenarios, ``{scenario: calls}``, as a client of ``/v1/chat/completions`` sends them; ``decode`` maps
+    token ids to text (the target's tokenizer).
+
+    ``chat``: two conversations of three user turns (one answered whole, one streamed), each opening with
+    :data:`CHAT_CODE_TOKENS` tokens of held-out code, later turns carrying the server's own earlier replies
+    (``Call.follows``), greedy, :data:`CHAT_TOKENS` each. ``tool_call``: :data:`TOOL` forced by name, and by
+    ``tool_choice="required"`` (one call: ``parallel_tool_calls=False``) answered whole and streamed, up to
+    :data:`TOOL_CALL_TOKENS` (the grammar ends the call); then two follow-ups (one streamed) that send the call and the
+    tool's result (:data:`TOOL_RESULT`) back with the same ``tools`` (``tool_choice`` left to its default, ``auto``)
+    and get a greedy answer.
+    """
+    out: dict[str, list[Call]] = {"chat": [], "tool_call": []}
+
+    def add(scenario: str, params: dict, follows: str | None = None) -> str:
+        calls = out[scenario]
+        if params.get("stream"):
+            params = {**params, "stream_options": {"include_usage": True}}
+        calls.append(Call(f"{scenario}/{len(calls)}", scenario, params, endpoint="chat", follows=follows))
+        return calls[-1].name
+
+    questions = ("Show the first function again, shorter.", "Now write a test for it.")
+    for i, stream in enumerate((False, True)):
+        code = decode(pool.ids(CHAT_CODE_TOKENS, 150 + i))
+        turn = add("chat", {"messages": [{"role": "user", "content": f"What does this code do?\n\n{code}"}],
+                            "stream": stream, **_greedy(CHAT_TOKENS)})
+        for question in questions:
+            turn = add("chat", {"messages": [{"role": "user", "content": question}], "stream": stream,
+                                **_greedy(CHAT_TOKENS)}, follows=turn)
+    forced = {"max_tokens": TOOL_CALL_TOKENS, "temperature": 0.0, "tools": [TOOL],
+              "extra_body": {"return_token_ids": True}}
+    named = add("tool_call", {"messages": [{"role": "user", "content": "Read line 12 of the json module."}],
+                              "tool_choice": {"type": "function", "function": {"name": TOOL["function"]["name"]}},
+                              **forced})
+    add("tool_call", {"messages": [{"role": "user", "content": "Which line of email parses the headers?"}],
+                      "tool_choice": "required", "parallel_tool_calls": False, **forced})
+    streamed = add("tool_call", {"messages": [{"role": "user", "content": "Show me line 3 of http."}],
+                                 "tool_choice": "required", "parallel_tool_calls": False, "stream": True, **forced})
+    for follows, stream in ((named, False), (streamed, True)):
+        add("tool_call", {"messages": [{"role": "tool", "content": TOOL_RESULT}], "tools": [TOOL], "stream": stream,
+                          **_greedy(CHAT_TOKENS)}, follows=follows)
     return out
 
 

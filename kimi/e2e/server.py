@@ -32,6 +32,11 @@ SPEC_COUNTERS = {
 }
 
 
+#: The fork's chat template for models without one (the shipped pair and the reference models): ``vllm serve
+#: --chat-template`` takes the path. Plain text, role-prefixed turns, tool calls and tool results rendered.
+CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
+
+
 #: ``LLM(...)`` keyword -> ``vllm serve`` flag, in the order :func:`serve_args` writes them.
 SERVE_FLAGS = {
     "dtype": "--dtype", "max_model_len": "--max-model-len", "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
