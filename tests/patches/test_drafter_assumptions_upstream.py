@@ -137,8 +137,11 @@ def served_as(row: dict, good: dict, outcome: str) -> bool:
         return False
     if outcome in (IGNORES, SERVES_SAME):
         return row["counts"] == good["counts"]
-    if outcome == SERVES_WRONG:  # other drafts, no more accepted than the good drafter's
-        return row["counts"] != good["counts"] and accepted(row) <= accepted(good)
+    if outcome == SERVES_WRONG:  # other drafts than the good drafter's (the lie is used, without a word)
+        # not "fewer accepted": with the drafter retrained in issue 21, the one with 64 of its 576 MLP columns cut
+        # had 20 draft tokens accepted against the good one's 19 on these two prompts; so few tokens do not rank two
+        # drafters this close, the other drafts themselves show the checkpoint was served as it lied
+        return row["counts"] != good["counts"]
     return outcome == SERVES
 
 
