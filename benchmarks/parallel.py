@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name
@@ -141,12 +142,9 @@ def main() -> int:
         target, drafters = models[name]
         prompt_ids = tokenize(str(target), prompts)
         for backend in args.executors:
-            if backend == "ray":
-                with local_ray():
-                    result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log,
-                                                 backend="ray")
-            else:
-                result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log)
+            with local_ray() if backend == "ray" else nullcontext():
+                result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log,
+                                             backend=backend)
         result["seconds"] = round(time.monotonic() - began)
         shown = merged(previous, result) if previous else result
         write_json(args.out / "parallel.json", shown)

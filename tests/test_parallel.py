@@ -33,7 +33,8 @@ def test_bound_threads_keeps_a_binding_the_caller_set(monkeypatch: pytest.Monkey
 
 def test_rows_compare_every_layout_with_one_rank_and_keep_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     """TP 2 flips one sequence with speculation; PP layouts with a drafter are refused; every layout is a row."""
-    def fake(target, prompt_ids, tokens, tp, pp, spec):
+    def fake(target, prompt_ids, tokens, tp, pp, spec, backend=None):
+        assert backend is None  # vLLM's default executors
         if spec and pp > 1:
             return None, {"status": "refused", "error": parallel.REFUSED + "2 ...", "seconds": 0.1}
         tokens_ = [[1, 2], [3, 4]] if not (spec and tp == 2) else [[1, 2], [3, 5]]
@@ -58,7 +59,7 @@ def test_rows_compare_every_layout_with_one_rank_and_keep_refusals(monkeypatch: 
 
 def test_without_one_rank_no_layout_is_called_identical(monkeypatch: pytest.MonkeyPatch) -> None:
     """If the target alone on one rank fails, later layouts have nothing to be compared with (not each other)."""
-    def fake(target, prompt_ids, tokens, tp, pp, spec):
+    def fake(target, prompt_ids, tokens, tp, pp, spec, backend=None):
         if (tp, pp) == (1, 1) and spec is None:
             return None, {"status": "error", "error": "boom", "seconds": 0.1}
         run = GreedyRun([[1, 2]], {"num_drafts": 0.0}, start_s=1.0)

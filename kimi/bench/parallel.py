@@ -175,10 +175,8 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
     for tp, pp in LAYOUTS if backend == "mp" else RAY_LAYOUTS:
         for style, spec in specs.items():
             log(f"{name}: tp {tp} pp {pp}, drafter {style}" + (f", {backend} executor" if backend != "mp" else ""))
-            if backend == "mp":
-                run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec)
-            else:
-                run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec, backend=backend)
+            run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec,
+                                      backend=None if backend == "mp" else backend)
             row = {"model": name, "tp": tp, "pp": pp, "executor": executor(tp, pp, backend), "drafter": style,
                    "k": k if spec else 0, **entry}
             if run is not None:
