@@ -9,9 +9,11 @@ The shipped pair's target is rewritten here as block-FP8 and as INT4 routed expe
 ``--scratch``), and served with the pair's drafter (trained on the bf16 target) at k = 3 with vLLM's defaults
 (torch.compile, CUDA graphs for the measured batch sizes), prefix caching off. The variants
 (``kimi.bench.quantized.VARIANTS``): the three weight layouts with ``nospec``, ``fork_k3`` and ``upstream_k3``;
-an FP8 KV cache on the bf16 and the FP8 targets (``nospec`` and ``fork_k3``); the FP8 target with an FP8 KV cache
-and the drafter's own bf16 KV cache on Triton attention (``speculative_config`` ``kv_cache_dtype`` /
-``attention_backend``; ``fork_k3`` against the previous variant's ``nospec``). All engines start at once and are
+an FP8 KV cache on the bf16 target (all three engines) and on the FP8 target (``nospec`` and ``fork_k3``); the FP8
+target with an FP8 KV cache and the drafter's own bf16 KV cache on Triton attention (``speculative_config``
+``kv_cache_dtype`` / ``attention_backend``; ``fork_k3`` against the previous variant's ``nospec``); and controls:
+the bf16 target with each KV cache dtype without speculation, every request alone (``max_num_seqs`` 1), to tell
+what batching alone flips from what speculation flips. All engines start at once and are
 measured one at a time in ``--rounds`` interleaved rounds (``kimi.bench.perf.orchestrate.run_parallel``), every
 concurrency: c requests at once, greedy, ``--tokens`` output tokens, EOS ignored.
 
@@ -35,7 +37,17 @@ from kimi.bench.perf import measure
 from kimi.bench.perf.analysis import versions_of
 from kimi.bench.perf.orchestrate import run_parallel
 from kimi.bench.perf.plan import add_side_by_side_options
-from kimi.bench.quantized import failures, jobs_of, markdown, pick, quantization_of, rows, totals, variant_settings
+from kimi.bench.quantized import (
+    controls,
+    failures,
+    jobs_of,
+    markdown,
+    pick,
+    quantization_of,
+    rows,
+    totals,
+    variant_settings,
+)
 from kimi.bench.results import stamp, write_json, write_lines
 from kimi.bench.workers import serve_jobs, site_errors
 from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE
@@ -120,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                   "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps,
                                "rounds": args.rounds, "k": 3, "engine": common["engine"],
                                "variants": {v.name: variant_settings(v) for v in variants}},
-                  "rows": table, "totals": totals(table), "failures": failures(jobs, runs),
+                  "rows": table, "controls": controls(variants, runs), "totals": totals(table),
+                  "failures": failures(jobs, runs),
                   "engines": {j["name"]: {k: v for k, v in runs.get(j["name"], {"status": "not run"}).items()
                                           if k not in ("by_concurrency",)} for j in jobs},
                   "seconds": round(time.monotonic() - started, 1)}

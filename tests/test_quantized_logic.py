@@ -6,7 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from kimi.bench.quantized import VARIANTS, K, failures, jobs_of, markdown, pick, rows, totals, variant_settings
+from kimi.bench.quantized import (
+    ONE_BY_ONE,
+    VARIANTS,
+    K,
+    controls,
+    failures,
+    jobs_of,
+    markdown,
+    pick,
+    rows,
+    totals,
+    variant_settings,
+)
 from kimi.bench.workers import site_errors
 
 COMMON = {"concurrency": [1, 4], "tokens": 8, "reps": 1, "prompts": [[5, 6, 7]],
@@ -24,6 +36,7 @@ def test_a_variant_without_its_own_baseline_brings_the_baseline_variant() -> Non
     assert [v.name for v in chosen] == ["fp8-block+kv-fp8", "fp8-block+kv-fp8+drafter-bf16-kv-triton"]
     assert [v.name for v in pick(["int4-experts"], cpu=False)] == ["int4-experts"]
     assert [v.name for v in pick(["bf16", "bf16"], cpu=False)] == ["bf16"]  # one engine per name
+    assert [v.name for v in pick(["bf16+kv-fp8+one-by-one"], cpu=False)] == ["bf16+kv-fp8", "bf16+kv-fp8+one-by-one"]
 
 
 def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
@@ -33,7 +46,7 @@ def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
 
 def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
     jobs = {j["name"]: j for j in jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)}
-    assert len(jobs) == 3 + 3 + 3 + 2 + 2 + 1
+    assert len(jobs) == 3 + 3 + 3 + 3 + 2 + 1 + 1 + 1
     assert jobs["bf16/nospec"]["spec"] is None and jobs["bf16/nospec"]["target"] == "/t/bf16"
     assert jobs["int4-experts/upstream_k3"]["variant"] == "upstream"
     assert jobs["int4-experts/upstream_k3"]["target"] == "/t/int4"
@@ -46,6 +59,9 @@ def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
     assert own["target"] == "/t/fp8" and own["engine"]["kv_cache_dtype"] == "fp8"
     assert own["engine"]["linear_backend"] == "triton" == jobs["fp8-block/upstream_k3"]["engine"]["linear_backend"]
     assert "linear_backend" not in jobs["int4-experts/fork_k3"]["engine"]
+    alone = jobs["bf16+kv-fp8+one-by-one/nospec"]["engine"]
+    assert alone["max_num_seqs"] == 1 and alone["compilation_config"] == ONE_BY_ONE["compilation_config"]
+    assert alone["kv_cache_dtype"] == "fp8" and jobs["bf16+kv-fp8+one-by-one/nospec"]["spec"] is None
     assert COMMON["engine"] == {"dtype": "bfloat16", "kv_cache_memory_bytes": 1 << 30}  # not changed in place
 
 
@@ -95,6 +111,23 @@ def test_rows_compare_with_the_baseline_and_with_bf16() -> None:
     assert "| int4-experts | auto |  | 4 | 1/2 |  | 1.5 | None | 0.75 |" in text
     assert "`int4-experts/upstream_k3`: error: ValueError: no kernel" in text
     assert "- bf16: /t/bf16 (bf16)" in text
+
+
+def test_a_control_tells_batching_flips_from_speculation_flips() -> None:
+    variants = pick(["bf16+kv-fp8+one-by-one"], cpu=False)
+    alone, batched, fork = [[1, 2], [3, 4], [5, 6]], [[1, 2], [3, 9], [5, 6]], [[1, 2], [3, 9], [7, 7]]
+    runs = {"bf16+kv-fp8+one-by-one/nospec": _done({"16": _entry(50, alone)}),
+            "bf16+kv-fp8/nospec": _done({"16": _entry(100, batched)}),
+            f"bf16+kv-fp8/fork_k{K}": _done({"16": _entry(120, fork, 1.9)})}
+    table = controls(variants, runs)
+    assert table == [{"control": "bf16+kv-fp8+one-by-one", "of": "bf16+kv-fp8", "kv_cache_dtype": "fp8",
+                      "concurrency": 16, "batched_nospec": [2, 3], "differing_batched": [1], "fork": [1, 3],
+                      "differing_fork": [1, 2]}]
+    assert [r["differing"] for r in rows(variants, runs)] == [[2]]  # the fork against the batched no-spec engine
+    text = "\n".join(markdown({"command": "c", "date": "d", "device": "H200", "versions": {},
+                               "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {}},
+                               "totals": {}, "rows": [], "controls": table, "failures": {}, "targets": {}}))
+    assert "| bf16+kv-fp8+one-by-one | bf16+kv-fp8 | fp8 | 16 | 2/3 | [1] | 1/3 | [1, 2] |" in text
 
 
 def test_a_refusal_at_config_time_keeps_its_reason_not_pydantics_link() -> None:

@@ -56,18 +56,28 @@ class Variant:
 #: Published 128 x 128 checkpoints take CUTLASS or DeepGEMM and need no setting.
 FP8_GEMM = {"linear_backend": "triton"}
 
-#: The run's variants, in plan order. Fork against upstream on the three weight layouts; the FP8 KV cache and the
-#: drafter's own KV dtype and backend on the fork only (lossless and τ; the speed of those paths is not the
-#: fork's).
+#: The control of an engine's own batch numerics: every request alone (one sequence per step), so its greedy output
+#: is what the same engine gives without batching. Set against the batched ``nospec`` engine of the same target and
+#: KV cache, it shows how many sequences batching alone flips; set against that variant's fork, how many speculation
+#: flips beyond that.
+ONE_BY_ONE = {"max_num_seqs": 1, "compilation_config": {"cudagraph_capture_sizes": [1]}}
+
+#: The run's variants, in plan order. Fork against upstream on the three weight layouts and on the bf16 target with
+#: an FP8 KV cache; the FP8 target's KV cache and the drafter's own KV dtype and backend on the fork only (lossless
+#: and τ; the speed of those paths is not the fork's); the one-by-one controls (:data:`ONE_BY_ONE`) of the bf16
+#: target with each KV cache dtype.
 VARIANTS = (
     Variant("bf16"),
     Variant("fp8-block", "fp8-block", engine=FP8_GEMM),
     Variant("int4-experts", "int4-experts"),
-    Variant("bf16+kv-fp8", kv_cache_dtype="fp8", engines=("nospec", "fork")),
+    Variant("bf16+kv-fp8", kv_cache_dtype="fp8"),
     Variant("fp8-block+kv-fp8", "fp8-block", kv_cache_dtype="fp8", engine=FP8_GEMM, engines=("nospec", "fork")),
     Variant("fp8-block+kv-fp8+drafter-bf16-kv-triton", "fp8-block", kv_cache_dtype="fp8", engine=FP8_GEMM,
             draft={"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}, engines=("fork",),
             baseline="fp8-block+kv-fp8"),
+    Variant("bf16+one-by-one", engine=ONE_BY_ONE, engines=("nospec",), baseline="bf16"),
+    Variant("bf16+kv-fp8+one-by-one", kv_cache_dtype="fp8", engine=ONE_BY_ONE, engines=("nospec",),
+            baseline="bf16+kv-fp8"),
 )
 #: On CPU (``--cpu-smoke``): vLLM 0.32.0's CPU backend runs neither quantized layout (docs/reference-models.md).
 CPU_VARIANTS = ("bf16",)
@@ -75,7 +85,7 @@ CPU_VARIANTS = ("bf16",)
 
 def pick(names: list[str] | None, cpu: bool) -> list[Variant]:
     """The variants named (all by default; on CPU :data:`CPU_VARIANTS`), each with its baseline's variant first
-    where it has no ``nospec`` engine of its own.
+    where it lacks an engine of its own (a ``nospec`` to compare with, or, for a control, the fork it checks).
 
     Raises:
         ValueError: an unknown name.
@@ -86,7 +96,7 @@ def pick(names: list[str] | None, cpu: bool) -> list[Variant]:
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}: choose from {', '.join(known)}")
     chosen = [known[n] for n in names]
-    needed = {v.reference for v in chosen if "nospec" not in v.engines} - set(names)
+    needed = {v.reference for v in chosen if v.engines != ("nospec", "fork", "upstream")} - set(names)
     return [v for v in VARIANTS if v.name in needed] + chosen
 
 
@@ -119,6 +129,13 @@ def _identical(entry: dict, ref: dict) -> list[int] | None:
     return [sum(a == b for a, b in zip(entry["tokens"], ref["tokens"], strict=True)), len(ref["tokens"])]
 
 
+def _differing(entry: dict, ref: dict) -> list[int] | None:
+    """The request indices whose greedy output differs between ``entry`` and ``ref``; None without both."""
+    if not entry.get("tokens") or not ref.get("tokens"):
+        return None
+    return [i for i, (a, b) in enumerate(zip(entry["tokens"], ref["tokens"], strict=True)) if a != b]
+
+
 def _done(runs: dict, name: str) -> dict:
     run = runs.get(name, {})
     return run.get("by_concurrency", {}) if run.get("status") == "done" else {}
@@ -140,6 +157,7 @@ def rows(variants: list[Variant], runs: dict[str, dict]) -> list[dict]:
                 "variant": v.name, "scheme": v.scheme or "bf16", "kv_cache_dtype": v.kv_cache_dtype,
                 "drafter_overrides": v.draft, "concurrency": int(c),
                 "identical": _identical(f, b), "identical_upstream": _identical(u, b) if u else None,
+                "differing": _differing(f, b), "differing_upstream": _differing(u, b) if u else None,
                 "tau": _round(f.get("tau")), "tau_upstream": _round(u.get("tau")),
                 "tau_vs_bf16": _round(f["tau"] / ref_tau) if f.get("tau") and ref_tau else None,
                 "fork_tok_s": _round(f["tok_s"], 1), "upstream_tok_s": _round(u.get("tok_s"), 1),
@@ -149,6 +167,25 @@ def rows(variants: list[Variant], runs: dict[str, dict]) -> list[dict]:
                 **round_ratios(f, u),
             })
     return sorted(out, key=lambda r: ([v.name for v in variants].index(r["variant"]), r["concurrency"]))
+
+
+def controls(variants: list[Variant], runs: dict[str, dict]) -> list[dict]:
+    """One row per (control variant, concurrency): a variant with only a ``nospec`` engine (every request alone,
+    :data:`ONE_BY_ONE`) against its baseline variant's engines. ``batched_nospec``: the baseline's ``nospec`` (run
+    batched) against the control, [same, total], and ``differing_batched`` its differing request indices;
+    ``fork`` / ``differing_fork``: the baseline's ``fork_k3`` against the control."""
+    out = []
+    for v in variants:
+        if v.engines != ("nospec",):
+            continue
+        alone = _done(runs, f"{v.name}/nospec")
+        batched, fork = _done(runs, f"{v.reference}/nospec"), _done(runs, f"{v.reference}/fork_k{K}")
+        for c, a in alone.items():
+            b, f = batched.get(c, {}), fork.get(c, {})
+            out.append({"control": v.name, "of": v.reference, "kv_cache_dtype": v.kv_cache_dtype, "concurrency": int(c),
+                        "batched_nospec": _identical(b, a), "differing_batched": _differing(b, a),
+                        "fork": _identical(f, a), "differing_fork": _differing(f, a)})
+    return sorted(out, key=lambda r: ([v.name for v in variants].index(r["control"]), r["concurrency"]))
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
@@ -199,6 +236,15 @@ def markdown(result: dict) -> list[str]:
                      f"| {_frac(r['identical'])} | {_frac(r['identical_upstream'])} | {r['tau']} | {r['tau_upstream']} "
                      f"| {r['tau_vs_bf16']} | {r['fork_tok_s']} | {r['upstream_tok_s']} | {r['nospec_tok_s']} "
                      f"| {per_round} | {r['fork_vs_nospec']} |")
+    if result.get("controls"):
+        lines += ["", ("Controls: the same target and KV cache with every request alone (one sequence per step), "
+                       "against the batched engine without speculation and against the batched fork with EAGLE-3 "
+                       "(same / total; the request indices that differ):"), "",
+                  "| control | of | KV (target) | c | batched no-spec | differing | fork k=3 | differing |",
+                  "|---" * 8 + "|"]
+        lines += [f"| {r['control']} | {r['of']} | {r['kv_cache_dtype']} | {r['concurrency']} "
+                  f"| {_frac(r['batched_nospec'])} | {r['differing_batched']} | {_frac(r['fork'])} "
+                  f"| {r['differing_fork']} |" for r in result["controls"]]
     if result["failures"]:
         lines += ["", "Engines that did not finish:", ""]
         lines += [f"- `{name}`: {why}" for name, why in result["failures"].items()]
