@@ -1,0 +1,154 @@
+"""What an EAGLE-3 drafter was fed at each position, read inside a running engine, against what the target read.
+
+The check of issue 18: at an image position a multimodal target (Kimi-K2.5) reads the vision tower's merged
+embedding, and an EAGLE-3 drafter must read the same row, not the embedding of the placeholder token.  Two
+forward pre-hooks record the rows that were actually consumed, as float32 CPU copies:
+
+* the target: the ``hidden_states`` entering the first decoder layer of its text model
+  (``language_model.model.layers[0]``, DeepSeek-V3's ``DeepseekV2DecoderLayer``): the input rows, which vLLM's
+  runners build by merging the image embeddings into the token embeddings (the text model's own ``forward``
+  is behind vLLM's compile wrapper, which calls it without module hooks), keyed by position;
+* the drafter: the ``embeds`` argument of its first decoder layer (both drafter styles, Llama-style
+  ``LlamaDecoderLayer`` and MLA-style ``DeepseekV2Eagle3DecoderLayer``, take it so), keyed by position.
+
+An EAGLE-3 drafter at position ``p`` reads the token at ``p + 1`` (with the target's state at ``p``), so its
+row at ``p`` is compared with the target's row at ``p + 1``.
+
+Use from the process that holds the engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) or through
+``LLM.collective_rpc``: :func:`install` and :func:`take` take the worker as their only argument. Both model
+runners are read: V1 keeps the drafter at ``model_runner.drafter.model``, V2 at
+``model_runner.speculator.model``.  Needs torch (imported by the hooks' callers only).
+"""
+
+from __future__ import annotations
+
+_ATTR = "_kimi_draft_inputs"
+
+
+def _target_text_model(model):
+    """The module whose forward gets the merged input rows: ``language_model.model`` of a multimodal target,
+    ``model`` of a text one."""
+    inner = getattr(model, "language_model", model)
+    return getattr(inner, "model", inner)
+
+
+def _drafter(runner):
+    """The drafter module of a V1 (``drafter.model``) or V2 (``speculator.model``) model runner, or None."""
+    for owner in ("drafter", "speculator"):
+        holder = getattr(runner, owner, None)
+        if holder is not None and getattr(holder, "model", None) is not None:
+            return holder.model
+    return None
+
+
+def install(worker) -> dict:
+    """Hook the worker's target and drafter; returns ``{"target": class name, "drafter": class name}``.
+
+    Records go to ``worker._kimi_draft_inputs`` (``{"target": [...], "drafter": [...]}``, each entry
+    ``(positions [T] int64, rows [T, H] float32)`` on the CPU).  Installing twice replaces nothing: the
+    second call only clears the records.
+
+    Raises:
+        RuntimeError: the runner has no drafter, or the drafter has no decoder layers.
+    """
+    runner = worker.model_runner
+    target = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    drafter = _drafter(runner)
+    if drafter is None or not getattr(getattr(drafter, "model", None), "layers", None):
+        raise RuntimeError(f"no EAGLE drafter with decoder layers on {type(runner).__name__}")
+    if getattr(worker, _ATTR, None) is not None:
+        getattr(worker, _ATTR).update(target=[], drafter=[])
+        return {"target": type(target).__name__, "drafter": type(drafter).__name__}
+    records: dict = {"target": [], "drafter": []}
+    setattr(worker, _ATTR, records)
+    text = _target_text_model(target)
+
+    def on_target(module, args, kwargs):
+        names = ("positions", "hidden_states", "residual")
+        given = {**dict(zip(names, args, strict=False)), **kwargs}
+        positions, rows = given["positions"], given["hidden_states"]
+        records["target"].append((positions.detach().cpu().clone(), rows[: positions.shape[-1]].detach().float()
+                                  .cpu().clone()))
+
+    def on_drafter(module, args, kwargs):
+        positions, rows = kwargs["positions"], kwargs["embeds"]
+        records["drafter"].append((positions.detach().cpu().clone(), rows[: positions.shape[-1]].detach().float()
+                                   .cpu().clone()))
+
+    text.layers[text.start_layer].register_forward_pre_hook(on_target, with_kwargs=True)
+    drafter.model.layers[0].register_forward_pre_hook(on_drafter, with_kwargs=True)
+    return {"target": type(target).__name__, "drafter": type(drafter).__name__}
+
+
+def take(worker) -> dict:
+    """The records since :func:`install` or the last :func:`take` (then cleared): ``{"target": [(positions,
+    rows)], "drafter": [(positions, rows)]}``, tensors on the CPU."""
+    records = getattr(worker, _ATTR)
+    out = {key: list(value) for key, value in records.items()}
+    records.update(target=[], drafter=[])
+    return out
+
+
+def token_row(worker, token_id: int):
+    """``[H]`` float32 CPU copy of the target's embedding of ``token_id`` (the row a drafter that shares the
+    target's embeddings reads for it)."""
+    import torch
+
+    runner = worker.model_runner
+    target = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    text = _target_text_model(target)
+    ids = torch.tensor([token_id], device=next(text.parameters()).device)
+    return text.embed_input_ids(ids)[0].detach().float().cpu().clone()
+
+
+def _last_rows(records: list) -> dict:
+    """``{position: row}`` from ``[(positions [T], rows [T, H])]``, later records replacing earlier ones."""
+    out: dict = {}
+    for positions, rows in records:
+        for i, pos in enumerate(positions.tolist()):
+            out[pos] = rows[i]
+    return out
+
+
+def compare(records: dict, prompt_ids: list[int], media_id: int, placeholder_row, atol: float = 1e-5) -> dict:
+    """The drafter's rows against the target's for ONE request's prompt (records of that request alone).
+
+    Args:
+        records: :func:`take`'s result for a run of one request.
+        prompt_ids: the request's prompt token ids (the placeholder repeated over each image).
+        media_id: the image placeholder token id.
+        placeholder_row: ``[H]`` the embedding of ``media_id`` (what a drafter reads without the target's
+            image embeddings).
+        atol: the largest absolute difference counted as equal.
+
+    Returns:
+        ``{"image_positions": prompt positions holding an image row that the drafter read,
+        "image_equal": of them, the drafter's row equal to the target's, "image_placeholder": of them, the
+        drafter's row equal to the placeholder's embedding, "image_not_read": image positions the drafter never
+        read (prefix-cached), "image_target_is_placeholder": image positions where the target's own row was the
+        placeholder's (the test would then prove nothing), "text_positions", "text_equal", "max_image_diff"}``.
+        Each position counts once, with the last row recorded for it: the row left in the KV cache (during a
+        chunked prefill the drafter's discarded draft steps run at the next chunk's first positions, whose
+        rows that chunk's pass then writes again).
+    """
+    import torch
+
+    target, drafter = _last_rows(records["target"]), _last_rows(records["drafter"])
+    placeholder = placeholder_row.float().cpu()
+    out = dict.fromkeys(("image_positions", "image_equal", "image_placeholder", "image_not_read",
+                         "image_target_is_placeholder", "text_positions", "text_equal"), 0)
+    out["max_image_diff"] = 0.0
+    for read in range(1, len(prompt_ids)):
+        mine, theirs = drafter.get(read - 1), target.get(read)
+        kind = "image" if prompt_ids[read] == media_id else "text"
+        if mine is None or theirs is None:
+            out["image_not_read"] += kind == "image"
+            continue
+        equal = bool(torch.allclose(mine, theirs, atol=atol, rtol=0))
+        out[f"{kind}_positions"] += 1
+        out[f"{kind}_equal"] += equal
+        if kind == "image":
+            out["image_placeholder"] += bool(torch.allclose(mine, placeholder, atol=atol, rtol=0))
+            out["image_target_is_placeholder"] += bool(torch.allclose(theirs, placeholder, atol=atol, rtol=0))
+            out["max_image_diff"] = max(out["max_image_diff"], float((mine - theirs).abs().max()))
+    return out
