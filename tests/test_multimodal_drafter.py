@@ -21,6 +21,7 @@ import types
 from pathlib import Path
 
 import pytest
+
 from engine_script import make_reference_models, run_engine_script
 
 pytestmark = pytest.mark.install
