@@ -22,6 +22,7 @@ from kimi.models import SHIPPED_PAIR  # noqa: E402
 from kimi.models.quantize import (  # noqa: E402
     fp8_block_dequantize,
     fp8_block_size,
+    fp8_gpu_refusal,
     int4_group_dequantize,
     int4_group_size,
     quantize_target,
@@ -50,6 +51,19 @@ def test_published_models_keep_the_published_block_and_group() -> None:
     assert int4_group_size(DEEPSEEK_V3) == 32
     pair = json.loads((TARGET / "config.json").read_text())
     assert fp8_block_size(pair) == (16, 16) and int4_group_size(pair) == 16
+
+
+def test_a_block_no_gpu_kernel_takes_is_named() -> None:
+    assert fp8_gpu_refusal((128, 128)) is None and fp8_gpu_refusal((16, 32)) is None
+    why = fp8_gpu_refusal((16, 16))
+    assert "blocks of 16 along K are below the 32" in why and "K >= 32" in why and "transformers" in why
+
+
+def test_quantizing_the_pair_to_fp8_warns_that_vllm_cannot_serve_it(tmp_path, capsys) -> None:
+    quantize_target(TARGET, tmp_path / "fp8", "fp8-block")
+    assert f"warning: {tmp_path / 'fp8'}: blocks of 16 along K" in capsys.readouterr().err
+    quantize_target(TARGET, tmp_path / "int4", "int4-experts")
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_fp8_block_layout(written: dict[str, Path]) -> None:

@@ -80,8 +80,10 @@ def test_the_markdown_names_failed_steps_and_the_table() -> None:
               "vllm_version": "0.32.0+kimi.1.cuda", "targets": {}, "settings": Settings().__dict__,
               "capture_comparison": {"tokens": 3, "aux 2": {"relative_l2": 0.1, "cosine_mean": 0.99}},
               "served": [{"drafter": "shipped", "target": "int4-experts", "tau": 1.9, "per_position": [0.5]}],
+              "notes": ["served-3 ran again in a second call"],
               "steps": {"capture-bf16": {"rc": 0, "seconds": 3.0, "log": "a"},
                         "served-3": {"rc": 1, "seconds": 9.0, "log": "/l/served-3.log"}}}
     text = "\n".join(markdown(result))
     assert "| aux 2 | 0.1 | 0.99 |" in text and "| shipped | int4-experts | 1.9 | [0.5] |" in text
     assert "- `served-3`: exit 1 (log `/l/served-3.log`)" in text and "capture-bf16 3.0" in text
+    assert "- note: served-3 ran again in a second call" in text

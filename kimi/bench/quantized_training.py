@@ -132,7 +132,8 @@ def compare_captures(quantized: Path, bf16: Path) -> dict:
 
 
 def markdown(result: dict) -> list[str]:
-    """``quantized_training.md``: the settings, the capture comparison and the served τ table, the steps' times."""
+    """``quantized_training.md``: the settings (and ``notes``, lines added to a result after its run), the capture
+    comparison and the served τ table, the steps' times."""
     s = result["settings"]
     lines = [*header("A drafter trained against the quantized target (issue 22, item 3)", result["command"],
                      result["date"]),
@@ -140,7 +141,8 @@ def markdown(result: dict) -> list[str]:
              f"- targets: {result['targets']}",
              (f"- per target {s['num_prompts']} answers of {s['max_tokens']} tokens (stdlib-corpus snippets); the "
               f"shipped drafter fine-tuned {s['epochs']} epochs, batch {s['batch']}, lr {s['lr']}; served τ: k = 3, "
-              f"greedy, {s['eval_prompts']} held-out prompts x {s['eval_tokens']} tokens"), ""]
+              f"greedy, {s['eval_prompts']} held-out prompts x {s['eval_tokens']} tokens"),
+             *(f"- note: {n}" for n in result.get("notes", [])), ""]
     cmp_ = result.get("capture_comparison")
     if cmp_:
         lines += [f"States of the {s['scheme']} target against the bf16 target's on the same {cmp_['tokens']} tokens:",

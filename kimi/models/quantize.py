@@ -36,6 +36,11 @@ from kimi.log import sayer
 SCHEMES = ("fp8-block", "int4-experts")
 #: DeepSeek-V3's and Kimi-K2's ``weight_block_size`` (both sides).
 FP8_BLOCK = 128
+#: The smallest ``block_k`` a GPU kernel of vLLM 0.32.0 takes for block-FP8 linear layers: CUTLASS and DeepGEMM take
+#: 128 x 128 blocks only, Triton's block GEMM (``w8a8_triton_block_scaled_mm``) steps through K one block at a time
+#: and Triton's FP8 ``tl.dot`` needs K >= 32 ("Input shapes should have M >= 1, N >= 1 and K >= 32"), and the
+#: Marlin fallback's repacking fails on 16 x 16 blocks (benchmarks/results/logs/quantized-h200*).
+GPU_MIN_BLOCK_K = 32
 #: Kimi-K2.5's INT4 group size (vllm#40357).
 INT4_GROUP = 32
 #: Largest finite float8 e4m3fn value.
@@ -64,6 +69,21 @@ def fp8_block_size(cfg: dict) -> tuple[int, int]:
     moe = cfg.get("moe_intermediate_size", 0)
     outputs = [cfg.get("q_lora_rank") or 0, cfg["intermediate_size"], moe * cfg.get("n_shared_experts", 0), moe]
     return fitted(FP8_BLOCK, outputs), fitted(FP8_BLOCK, [cfg["hidden_size"], moe])
+
+
+def fp8_gpu_refusal(block: tuple[int, int]) -> str | None:
+    """Why vLLM 0.32.0 cannot serve block-FP8 weights of ``block`` (``(block_n, block_k)``) on a GPU, or None.
+
+    ``block_k`` is bounded from both sides: the activations are quantized in groups of ``block_k`` along every
+    input width (``per_token_group_quant_fp8`` asserts whole groups), so it must divide the widths
+    (:func:`fp8_block_size`), and the GEMMs need at least :data:`GPU_MIN_BLOCK_K`."""
+    if block[1] >= GPU_MIN_BLOCK_K:
+        return None
+    return (f"blocks of {block[1]} along K are below the {GPU_MIN_BLOCK_K} that vLLM 0.32.0's GPU block-FP8 GEMMs "
+            "need (Triton's FP8 dot takes K >= 32; CUTLASS and DeepGEMM take 128 x 128; the Marlin fallback fails "
+            "to repack them), and no larger block divides this target's input widths (the activations are "
+            "quantized in whole groups of the block): the checkpoint loads in transformers, but vLLM serves it "
+            "neither on a GPU nor (patch 0016 says why) on a CPU")
 
 
 def int4_group_size(cfg: dict) -> int:
@@ -191,6 +211,9 @@ def quantize_target(source: Path, out: Path, scheme: str, force: bool = False) -
     tensors = {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in load_file(weights).items()}
     say(f"quantizing {source} ({len(tensors)} tensors) as {scheme}")
     written, quant = (_fp8_tensors if scheme == "fp8-block" else _int4_tensors)(tensors, cfg)
+    refusal = fp8_gpu_refusal(tuple(quant["weight_block_size"])) if scheme == "fp8-block" else None
+    if refusal:
+        say(f"warning: {out}: {refusal}")
     with staged_folder(out) as staging:
         save_file(written, staging / "model.safetensors", metadata={"format": "pt"})
         (staging / "model.safetensors").chmod(default_mode())
