@@ -19,6 +19,11 @@ rows of ``--out``'s ``parallel.json`` that this run does not redo, so that the R
 
     .venv/bin/python benchmarks/parallel.py --executors ray --targets pair --merge
 
+``--executors serve`` runs the layouts of ``kimi.bench.parallel.SERVE_LAYOUTS`` (PP 2) as ``vllm serve`` answering the
+prompts sent at once by the official ``openai`` client (server logs under ``--out``/logs/parallel)::
+
+    .venv/bin/python benchmarks/parallel.py --executors serve --targets pair --merge
+
 Writes ``parallel.json`` and ``parallel.md`` to ``--out`` (default ``benchmarks/results``), both rewritten after each
 model; ``--render FILE`` rewrites them from a ``parallel.json``. The runs are ``kimi.bench.parallel``.
 """
@@ -43,6 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Under the header when there are Ray rows.
 RAY_NOTE = ("- executor `ray`: vLLM's Ray executor (`distributed_executor_backend=\"ray\"`) on a local Ray cluster "
             "started and stopped by the run; `unsupported`: vLLM refuses it before loading anything")
+#: Under the header when there are ``vllm serve`` rows.
+SERVE_NOTE = ("- executor `serve`: `vllm serve` (vLLM's multiprocessing executor) answering every prompt at once, "
+              "sent by the official `openai` client (completions, greedy, token ids returned); compared with the "
+              "target alone on one rank in-process")
 
 
 def markdown(result: dict) -> list[str]:
@@ -55,7 +64,8 @@ def markdown(result: dict) -> list[str]:
              (f"- {result['prompts']} held-out prompts x {result['tokens']} greedy tokens, float32, torch.compile; "
              "identical: sequences equal to the same target alone on one rank (and at the same layout)"),
              *[f"- rows added by `{run['command']}` ({run['date']}): {run['rows']}" for run in result.get("added", [])],
-             *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []), "",
+             *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []),
+             *([SERVE_NOTE] if any(r["executor"] == "serve" for r in result["rows"]) else []), "",
              ("| model | drafter | tp | pp | executor | status | identical to TP 1 | to same layout, no spec | τ "
              "| start-up s | message |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -96,9 +106,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("-k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
-    parser.add_argument("--executors", nargs="+", choices=("mp", "ray"), default=["mp"],
+    parser.add_argument("--executors", nargs="+", choices=("mp", "ray", "serve"), default=["mp"],
                         help="mp: every layout with vLLM's default executors; ray: TP 2 through vLLM's Ray executor "
-                        "on a local Ray cluster (pip install ray)")
+                        "on a local Ray cluster (pip install ray); serve: PP 2 as vllm serve, asked by the openai "
+                        "client")
     parser.add_argument("--targets", nargs="+", choices=("pair", "reference"), default=["pair", "reference"])
     parser.add_argument("--merge", action="store_true",
                         help="keep the rows of --out's parallel.json that this run does not redo")
@@ -108,7 +119,8 @@ def main() -> int:
         result = json.loads(args.render.read_text())
         for row in result["rows"]:  # the fields derived from what was recorded, as this version derives them
             row.update(failure(row["error"]) if "error" in row else {},
-                       executor=executor(row["tp"], row["pp"], "ray" if row["executor"] == "ray" else "mp"))
+                       executor=executor(row["tp"], row["pp"], row["executor"] if row["executor"] in ("ray", "serve")
+                                         else "mp"))
         write_json(args.render, result)
         write_lines(args.render.with_suffix(".md"), markdown(result))
         return 0
@@ -144,7 +156,7 @@ def main() -> int:
         for backend in args.executors:
             with local_ray() if backend == "ray" else nullcontext():
                 result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log,
-                                             backend=backend)
+                                             backend=backend, logs=args.out / "logs" / "parallel")
         result["seconds"] = round(time.monotonic() - began)
         shown = merged(previous, result) if previous else result
         write_json(args.out / "parallel.json", shown)

@@ -108,6 +108,36 @@ def test_ray_rows_run_one_rank_only_once_ray_has_served(monkeypatch: pytest.Monk
     assert ray_llama["same_counters_as_tp1"] is False  # one accepted token fewer than on one rank
 
 
+def test_serve_rows_go_through_vllm_serve_and_compare_with_one_rank_in_process(monkeypatch, tmp_path) -> None:
+    """backend="serve": PP 2 as vllm serve; EAGLE-3 refused before loading; the one-rank reference in-process."""
+    served: list[tuple] = []
+    in_process: list[tuple] = []
+
+    def over_http(target, prompt_ids, tokens, tp, pp, spec, logs):
+        served.append((tp, pp, bool(spec), logs))
+        if spec:
+            return None, {"status": "refused", "error": parallel.REFUSED + "2 ...", "seconds": 3.0}
+        run = GreedyRun([[1, 2], [3, 4]], {"num_drafts": 0.0}, start_s=9.0)
+        return run, {"status": "done", "start_s": 9.0, "seconds": 12.0, "counters": run.counters, "requests": 2,
+                     "failed": 0}
+
+    def one_rank(target, prompt_ids, tokens, tp, pp, spec, backend=None):
+        in_process.append((tp, pp, bool(spec), backend))
+        run = GreedyRun([[1, 2], [3, 5]], {"num_drafts": 0.0}, start_s=1.0)
+        return run, {"status": "done", "start_s": 1.0, "seconds": 1.0, "counters": run.counters}
+
+    monkeypatch.setattr(parallel, "serve_over_http", over_http)
+    monkeypatch.setattr(parallel, "serve_layout", one_rank)
+    rows = model_rows("pair", "t", {"llama": "d"}, [[9], [8]], 2, 3, lambda msg: None, backend="serve", logs=tmp_path)
+    assert served == [(1, 2, False, tmp_path), (1, 2, True, tmp_path)]
+    assert in_process == [(1, 1, False, None)]  # the reference, once the server has answered; none for the refusal
+    assert [(r["tp"], r["pp"], r["executor"], r["status"]) for r in rows] == [(1, 2, "serve", "done"),
+                                                                              (1, 2, "serve", "refused")]
+    assert rows[0]["identical_to_tp1"] == {"identical": 1, "total": 2} and rows[0]["requests"] == 2
+    assert "identical_to_tp1" not in rows[1] and rows[1]["error"].startswith(parallel.REFUSED)
+    assert parallel.executor(1, 2, "serve") == "serve" and parallel.SERVE_LAYOUTS == ((1, 2),)
+
+
 def test_a_failed_start_up_is_reported_by_its_root_cause_and_ray_on_cpu_as_unsupported() -> None:
     log = ("Traceback (most recent call last):\n  File \"ray_utils.py\", line 574\n    raise ValueError(\n"
            "ValueError: current platform cpu does not support ray.\n(EngineCore pid=1) INFO shutting down\n")
@@ -186,4 +216,24 @@ def test_tp2_is_lossless_and_pp2_is_refused_on_the_trained_pair(trained_pair: Pa
     assert two.counters == one.counters and two.counters["num_drafts"] > 0
     refused, entry = parallel.serve_layout(target, prompt_ids, 24, 1, 2, spec)
     assert refused is None and entry["status"] == "refused" and entry["seconds"] < 60
+    assert "--pipeline-parallel-size 1" in entry["error"]
+
+
+@pytest.mark.install
+def test_pp2_vllm_serve_answers_concurrent_openai_requests_like_one_rank(trained_pair: Path, tmp_path: Path) -> None:
+    """``vllm serve`` of the shipped pair's target at PP 2 (vLLM's multiprocessing executor, gloo between the stages)
+    answers four greedy completions sent at once by the openai client with the tokens of the target alone on one
+    rank; with EAGLE-3 the fork refuses the same server before anything loads."""
+    from kimi.e2e.engine import tokenize
+    from kimi.e2e.prompts import code_prompts
+
+    target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
+    prompt_ids = tokenize(target, code_prompts(4))
+    served, entry = parallel.serve_over_http(target, prompt_ids, 16, 1, 2, None, tmp_path)
+    assert entry["status"] == "done" and entry["failed"] == 0 and entry["requests"] == 4, entry
+    one, _ = parallel.serve_layout(target, prompt_ids, 16, 1, 1, None)
+    assert served.tokens == one.tokens
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
+    refused, entry = parallel.serve_over_http(target, prompt_ids, 16, 1, 2, spec, tmp_path)
+    assert refused is None and entry["status"] == "refused" and entry["seconds"] < 120, entry
     assert "--pipeline-parallel-size 1" in entry["error"]

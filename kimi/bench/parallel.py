@@ -9,6 +9,10 @@ serve EAGLE-3 with pipeline parallelism on these targets. Needs the fork's venv 
 With ``backend="ray"`` (issue 19) the multi-worker layouts go through vLLM's Ray executor
 (``distributed_executor_backend="ray"``) on a local Ray cluster (:func:`local_ray`, ``pip install ray``), each
 against the same target on one rank; vLLM 0.32.0 refuses Ray on its CPU backend (:data:`RAY_ON_CPU`).
+
+With ``backend="serve"`` the layouts of :data:`SERVE_LAYOUTS` (PP 2) run as ``vllm serve`` (vLLM's multiprocessing
+executor), the prompts sent at once by the official ``openai`` client, each against the same target on one rank
+(:func:`serve_over_http`).
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from pathlib import Path
 
 from kimi.e2e.engine import GreedyRun, identical, vllm_greedy
 from kimi.e2e.presets import CPU_ENGINE
+from kimi.errors import KimiError
 
 #: (tensor_parallel_size, pipeline_parallel_size) of the runs, one rank first (the reference).
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
 #: The layouts run through vLLM's Ray executor (``backend="ray"``): TP 2, as benchmarks/parallel.py's mp row.
 RAY_LAYOUTS = ((2, 1),)
+#: The layouts served by ``vllm serve`` (``backend="serve"``): PP 2, what a Hopper site runs Kimi-K2 across nodes with.
+SERVE_LAYOUTS = ((1, 2),)
 #: What the refusal of an unservable layout says (``check_pipeline_parallel``).
 REFUSED = "EAGLE-3 with pipeline_parallel_size="
 #: What vLLM 0.32.0 says when its Ray executor starts on the CPU backend: ``CpuPlatform`` keeps the empty
@@ -127,9 +134,48 @@ def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int,
                  "counters": dict(run.counters)}
 
 
+def serve_over_http(target: str, prompt_ids: list[list[int]], tokens: int, tp: int, pp: int, spec: dict | None,
+                    logs: Path, engine: dict = CPU_ENGINE) -> tuple[GreedyRun | None, dict]:
+    """The layout as ``vllm serve`` (``engine`` as its flags, ``--tensor-parallel-size`` / ``--pipeline-parallel-size``,
+    vLLM's multiprocessing executor, OMP threads bound per worker), asked by the official ``openai`` client: every
+    prompt at once, one greedy completion each of ``tokens`` tokens (EOS ignored, token ids returned). Same
+    ``(run, entry)`` as :func:`serve_layout`; ``entry`` also counts the ``requests`` and those that ``failed``
+    (status other than ok: an HTTP error, a hang, a dropped connection), and a run with a failed request is
+    ``error``. The server's log is ``logs/serve-tp{tp}-pp{pp}-{spec or none}.log``; a server that does not start is
+    reported from it (the fork's refusal as ``refused``)."""
+    from kimi.bench.torture import Call, client, greedy_params, send_all
+    from kimi.e2e.server import VllmServer, serve_args, vllm_command
+
+    began = time.monotonic()
+    args = [*serve_args({**engine, **({"speculative_config": spec} if spec else {})}),
+            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+    log = logs / f"serve-tp{tp}-pp{pp}-{'eagle3' if spec else 'none'}.log"
+    with bound_threads(tp * pp), VllmServer(vllm_command(), target, args, log) as server:
+        try:
+            server.start(timeout=900)
+        except KimiError as exc:
+            text = log.read_text(errors="replace") if log.exists() else str(exc)
+            return None, {**failure(text), "seconds": round(time.monotonic() - began, 1)}
+        start_s = round(time.monotonic() - began, 1)
+        calls = [Call(f"prompt {i}", "parallel", {"prompt": ids, **greedy_params(tokens)})
+                 for i, ids in enumerate(prompt_ids)]
+        answered = send_all(client(server.base), server.model, calls)
+        counters = server.counters()
+    outcomes = [answered[c.name] for c in calls]
+    failed = [f"{c.name}: {o.status} {o.error}".strip() for c, o in zip(calls, outcomes, strict=True)
+              if o.status != "ok"]
+    entry = {"start_s": start_s, "seconds": round(time.monotonic() - began, 1), "counters": counters,
+             "requests": len(calls), "failed": len(failed)}
+    if failed:
+        return None, {**entry, "status": "error", "error": "; ".join(failed)[-1500:]}
+    run = GreedyRun([o.choices[0]["token_ids"] for o in outcomes], counters, start_s=start_s)
+    return run, {**entry, "status": "done"}
+
+
 def executor(tp: int, pp: int, backend: str = "mp") -> str:
     """The executor of a run: ``uni`` (in the engine's process) for one worker; for more, the one vLLM picks when
-    none is named, ``mp`` (one process per worker on this host), or ``backend`` (``ray``) when named."""
+    none is named, ``mp`` (one process per worker on this host), or ``backend`` (``ray``; ``serve``: ``vllm serve``
+    with vLLM's ``mp`` executor) when named."""
     return "uni" if tp * pp == 1 else backend
 
 
@@ -152,14 +198,15 @@ def tau(counters: dict) -> float | None:
 
 
 def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: list[list[int]], tokens: int, k: int,
-               log, backend: str = "mp") -> list[dict]:
+               log, backend: str = "mp", logs: Path | None = None) -> list[dict]:
     """Every layout of :data:`LAYOUTS` for one target (``backend="ray"``: the layouts of :data:`RAY_LAYOUTS` through
-    vLLM's Ray executor): without speculation and with each drafter style of ``drafters`` (style -> folder). Rows
+    vLLM's Ray executor; ``"serve"``: those of :data:`SERVE_LAYOUTS` through ``vllm serve``, :func:`serve_over_http`,
+    its logs under ``logs``): without speculation and with each drafter style of ``drafters`` (style -> folder). Rows
     compare each run's greedy tokens with the target alone on one rank (``identical_to_tp1``) and, with
     speculation, with the target alone at the same layout (``identical_to_layout_nospec``) and its counters with
     the same drafter on one rank (``same_counters_as_tp1``); τ from the counters. Layouts that cannot start are rows
-    with their status. With ``ray`` the one-rank runs are not rows (they are the ``mp`` run's) and are made only
-    once a Ray run has served, to be compared with."""
+    with their status. With ``ray`` or ``serve`` the one-rank runs are not rows (they are the ``mp`` run's) and are
+    made only once such a run has served, to be compared with."""
     rows: list[dict] = []
     one_rank: dict[str, GreedyRun | None] = {}  # style -> the run at TP 1 x PP 1 ("none": the reference)
     nospec: dict[tuple[int, int], GreedyRun] = {}
@@ -172,11 +219,14 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
             one_rank[style] = serve_layout(target, prompt_ids, tokens, 1, 1, specs[style])[0]
         return one_rank[style]
 
-    for tp, pp in LAYOUTS if backend == "mp" else RAY_LAYOUTS:
+    for tp, pp in {"mp": LAYOUTS, "ray": RAY_LAYOUTS, "serve": SERVE_LAYOUTS}[backend]:
         for style, spec in specs.items():
             log(f"{name}: tp {tp} pp {pp}, drafter {style}" + (f", {backend} executor" if backend != "mp" else ""))
-            run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec,
-                                      backend=None if backend == "mp" else backend)
+            if backend == "serve":
+                run, entry = serve_over_http(target, prompt_ids, tokens, tp, pp, spec, logs or Path("."))
+            else:
+                run, entry = serve_layout(target, prompt_ids, tokens, tp, pp, spec,
+                                          backend=None if backend == "mp" else backend)
             row = {"model": name, "tp": tp, "pp": pp, "executor": executor(tp, pp, backend), "drafter": style,
                    "k": k if spec else 0, **entry}
             if run is not None:

@@ -340,7 +340,7 @@ class PromptPool:
         return self.stream[start:start + length]
 
 
-def _greedy(max_tokens: int, **extra) -> dict:
+def greedy_params(max_tokens: int, **extra) -> dict:
     """Parameters of a greedy request of exactly ``max_tokens`` tokens (EOS ignored), token ids returned; ``extra``
     joins vLLM's own fields (``extra_body``). A caller that samples overrides ``temperature`` after it."""
     return {"max_tokens": max_tokens, "temperature": 0.0,
@@ -361,18 +361,18 @@ def scenarios(pool: PromptPool, max_model_len: int) -> dict[str, list[Call]]:
         calls.append(Call(f"{scenario}/{len(calls)}", scenario, params, compare, abort_after))
 
     for i in range(12):
-        add("preemption", {"prompt": pool.ids(120 + 8 * i, i), **_greedy(96)})
+        add("preemption", {"prompt": pool.ids(120 + 8 * i, i), **greedy_params(96)})
     for i in range(6):
-        add("abort", {"prompt": pool.ids(64, 40 + i), "stream": True, **_greedy(200)}, "none", abort_after=2 + i)
+        add("abort", {"prompt": pool.ids(64, 40 + i), "stream": True, **greedy_params(200)}, "none", abort_after=2 + i)
     for i in range(3):
-        add("abort", {"prompt": pool.ids(48, 50 + i), **_greedy(48)})
+        add("abort", {"prompt": pool.ids(48, 50 + i), **greedy_params(48)})
     prefix = pool.ids(PREFIX_TOKENS, 60)
     for i in range(6):
-        add("prefix_cache", {"prompt": prefix + pool.ids(8 + 4 * i, 61 + i), **_greedy(32)})
+        add("prefix_cache", {"prompt": prefix + pool.ids(8 + 4 * i, 61 + i), **greedy_params(32)})
     for i in range(4):
-        add("chunked_prefill", {"prompt": pool.ids(300 + 40 * i, 70 + i), **_greedy(32)})
+        add("chunked_prefill", {"prompt": pool.ids(300 + 40 * i, 70 + i), **greedy_params(32)})
     for i, tokens in enumerate((32, 8, 1)):
-        add("near_max_len", {"prompt": pool.ids(max_model_len - tokens, 80 + i), **_greedy(tokens)})
+        add("near_max_len", {"prompt": pool.ids(max_model_len - tokens, 80 + i), **greedy_params(tokens)})
     for i in range(3):
         add("structured_json", {"prompt": pool.ids(40, 90 + i), "max_tokens": 64, "temperature": 0.0,
                                 "extra_body": {"return_token_ids": True, "structured_outputs": {"json": JSON_SCHEMA}}})
@@ -384,19 +384,20 @@ def scenarios(pool: PromptPool, max_model_len: int) -> dict[str, list[Call]]:
              ({"temperature": 0.7, "top_p": 0.95, "seed": 14}, {"top_k": 50}, "seeded"),
              ({"temperature": 1.0}, {}, "none")]
     for i, (sampling, extra, compare) in enumerate(mixed):
-        add("mixed_sampling", {"prompt": pool.ids(56 + 8 * i, 100 + i), **_greedy(48, **extra), **sampling}, compare)
+        add("mixed_sampling", {"prompt": pool.ids(56 + 8 * i, 100 + i), **greedy_params(48, **extra), **sampling},
+            compare)
     for i, top_k in enumerate((20, 5)):  # alone (sent one by one): steps without any draft token
-        add("lone_top_k", {"prompt": pool.ids(96, 105 + i), **_greedy(48, top_k=top_k), "temperature": 1.0,
+        add("lone_top_k", {"prompt": pool.ids(96, 105 + i), **greedy_params(48, top_k=top_k), "temperature": 1.0,
                            "seed": 21 + i}, "seeded")
     # vLLM refuses n > 1 with greedy sampling (bad_requests in kimi.bench.robustness has it): sampled here
-    add("n_greater_than_1", {"prompt": pool.ids(64, 110), "n": 2, "seed": 5, **_greedy(32), "temperature": 0.8},
+    add("n_greater_than_1", {"prompt": pool.ids(64, 110), "n": 2, "seed": 5, **greedy_params(32), "temperature": 0.8},
         "seeded")
-    add("n_greater_than_1", {"prompt": pool.ids(64, 111), "n": 3, "seed": 6, "top_p": 0.9, **_greedy(32),
+    add("n_greater_than_1", {"prompt": pool.ids(64, 111), "n": 3, "seed": 6, "top_p": 0.9, **greedy_params(32),
                              "temperature": 1.0}, "seeded")
     for i in range(4):
-        add("logprobs", {"prompt": pool.ids(72, 120 + i), "logprobs": 3, **_greedy(32)})
+        add("logprobs", {"prompt": pool.ids(72, 120 + i), "logprobs": 3, **greedy_params(32)})
     for i in range(4):
-        add("streaming", {"prompt": pool.ids(80, 130 + i), "stream": True, **_greedy(48)})
+        add("streaming", {"prompt": pool.ids(80, 130 + i), "stream": True, **greedy_params(48)})
     return out
 
 
@@ -425,10 +426,10 @@ def conversations(pool: PromptPool, decode) -> dict[str, list[Call]]:
     for i, stream in enumerate((False, True)):
         code = decode(pool.ids(CHAT_CODE_TOKENS, 150 + i))
         turn = add("chat", {"messages": [{"role": "user", "content": f"What does this code do?\n\n{code}"}],
-                            "stream": stream, **_greedy(CHAT_TOKENS)})
+                            "stream": stream, **greedy_params(CHAT_TOKENS)})
         for question in questions:
             turn = add("chat", {"messages": [{"role": "user", "content": question}], "stream": stream,
-                                **_greedy(CHAT_TOKENS)}, follows=turn)
+                                **greedy_params(CHAT_TOKENS)}, follows=turn)
     forced = {"max_tokens": TOOL_CALL_TOKENS, "temperature": 0.0, "tools": [TOOL],
               "extra_body": {"return_token_ids": True}}
     named = add("tool_call", {"messages": [{"role": "user", "content": "Read line 12 of the json module."}],
@@ -440,14 +441,14 @@ def conversations(pool: PromptPool, decode) -> dict[str, list[Call]]:
                                  "tool_choice": "required", "parallel_tool_calls": False, "stream": True, **forced})
     for follows, stream in ((named, False), (streamed, True)):
         add("tool_call", {"messages": [{"role": "tool", "content": TOOL_RESULT}], "tools": [TOOL], "stream": stream,
-                          **_greedy(CHAT_TOKENS)}, follows=follows)
+                          **greedy_params(CHAT_TOKENS)}, follows=follows)
     return out
 
 
 def probe_calls(pool: PromptPool, count: int = 4, tokens: int = 64) -> list[Call]:
     """Streamed greedy calls whose chunks show where a speculating server accepted drafts (input of
     :func:`stop_calls`)."""
-    return [Call(f"probe/{i}", "probe", {"prompt": pool.ids(64, 140 + i), "stream": True, **_greedy(tokens)})
+    return [Call(f"probe/{i}", "probe", {"prompt": pool.ids(64, 140 + i), "stream": True, **greedy_params(tokens)})
             for i in range(count)]
 
 
@@ -473,11 +474,12 @@ def stop_calls(probes: list[Call], outcomes: dict[str, Outcome], decode) -> tupl
         if not multi:
             continue
         first, size = multi[0]
-        calls.append(Call(f"stop/{len(calls)}", "stop", {"prompt": prompt, **_greedy(first + 1)}))
+        calls.append(Call(f"stop/{len(calls)}", "stop", {"prompt": prompt, **greedy_params(first + 1)}))
         inside += 1
         before, through = decode(ids[:first + 1]), decode(ids[:first + size])
         stop = through[len(before):]
         if stop.strip() and through.startswith(before):
-            calls.append(Call(f"stop/{len(calls)}", "stop", {"prompt": prompt, "stop": [stop], **_greedy(len(ids))}))
+            calls.append(Call(f"stop/{len(calls)}", "stop",
+                              {"prompt": prompt, "stop": [stop], **greedy_params(len(ids))}))
             inside += decode(ids).find(stop) == len(before)
     return calls, inside
