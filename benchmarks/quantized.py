@@ -5,8 +5,10 @@ package and puts the fork on the installed one; the shipped pair ``models/pair``
 
     python3 benchmarks/quantized.py --upstream-site $KIMI_UPSTREAM_SITE --fork-site $KIMI_SITE --out $OUT
 
-The shipped pair's target is rewritten here as block-FP8 and as INT4 routed experts (``kimi models quantize``, into
-``--scratch``), and served with the pair's drafter (trained on the bf16 target) at k = 3 with vLLM's defaults
+The pair (``--pair``, default the shipped one) is first widened to 128-multiple widths (``kimi models widen``, into
+``--scratch``; the same function: block-FP8 kernels take 128 x 128 blocks, the shipped pair's widths 16 x 16 at most);
+its target is rewritten as block-FP8 and as INT4 routed experts (``kimi models quantize``, into ``--scratch``), and
+served with the widened pair's drafter (trained on the bf16 target) at k = 3 with vLLM's defaults
 (torch.compile, CUDA graphs for the measured batch sizes), prefix caching off. The variants
 (``kimi.bench.quantized.VARIANTS``): the three weight layouts with ``nospec``, ``fork_k3`` and ``upstream_k3``;
 an FP8 KV cache on the bf16 target (all three engines) and on the FP8 target (``nospec`` and ``fork_k3``); the FP8
@@ -82,11 +84,11 @@ def engine_settings(args: argparse.Namespace) -> dict:
 
 
 def make_targets(args: argparse.Namespace, schemes: set[str | None]) -> dict[str | None, str]:
-    """``{scheme: target folder}`` for ``schemes``: the pair's bf16 target for None, each quantized one written into
-    the scratch."""
+    """``{scheme: target folder}`` for ``schemes``: the widened pair's bf16 target (``args.wide``) for None, each
+    quantized one written into the scratch."""
     from kimi.models.quantize import quantize_target
 
-    source = args.pair / "target"
+    source = args.wide / "target"
     targets: dict[str | None, str] = {None: str(source)} if None in schemes else {}
     for scheme in sorted(s for s in schemes if s):
         out = args.scratch / "targets" / scheme
@@ -115,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     args.scratch.mkdir(parents=True, exist_ok=True)
     args.fork_greedy = "auto"  # kimi.bench.perf.plan.variant_env: the fork as it runs by default
     from kimi.e2e.prompts import code_prompt_ids
+    from kimi.models.widen import widen_pair
 
+    args.wide = args.scratch / "pair-wide"
+    widen_pair(args.pair, args.wide, force=True)
     targets = make_targets(args, {v.scheme for v in variants})
     prompts = code_prompt_ids(args.pair / "target" / "tokenizer.json", min(max(args.concurrency), 48), 256)
     common = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps, "prompts": prompts,
               "engine": engine_settings(args)}
-    jobs = jobs_of(variants, targets, str(args.pair / "drafter"), common)
+    jobs = jobs_of(variants, targets, str(args.wide / "drafter"), common)
     runs: dict[str, dict] = {}
     info = {scheme or "bf16": f"{path} ({quantization_of(Path(path))})" for scheme, path in targets.items()}
 

@@ -32,7 +32,8 @@ TARGET = SHIPPED_PAIR / "target"
 # DeepSeek-V3's config.json widths (hidden 7168, q_lora_rank 1536, intermediate 18432, moe_intermediate 2048, one
 # shared expert); Kimi-K2 and K2.5 share them.
 DEEPSEEK_V3 = {"hidden_size": 7168, "q_lora_rank": 1536, "intermediate_size": 18432,
-               "moe_intermediate_size": 2048, "n_shared_experts": 1}
+               "moe_intermediate_size": 2048, "n_shared_experts": 1, "kv_lora_rank": 512, "num_attention_heads": 128,
+               "v_head_dim": 128}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,8 @@ def test_published_models_keep_the_published_block_and_group() -> None:
     assert int4_group_size(DEEPSEEK_V3) == 32
     pair = json.loads((TARGET / "config.json").read_text())
     assert fp8_block_size(pair) == (16, 16) and int4_group_size(pair) == 16
+    # every quantized layer's input width bounds block_k: a q_lora_rank of 192 (q_b_proj's input) allows 64
+    assert fp8_block_size({**DEEPSEEK_V3, "q_lora_rank": 192}) == (64, 64)
 
 
 def test_a_block_no_gpu_kernel_takes_is_named() -> None:

@@ -1,10 +1,12 @@
 """EAGLE-3 on quantized targets (issue 22): the library of ``benchmarks/quantized.py``.
 
-The shipped pair's drafter, trained on the bf16 target as a user would reuse one, served at k = 3 against the
-same target in the layouts users serve (``kimi.models.quantize``: block-FP8 as DeepSeek-V3 / Kimi-K2 write it,
-INT4 W4A16 routed experts as Kimi-K2.5 writes it), with an FP8 KV cache on the target, and with the drafter's
-own KV cache dtype and attention backend (``speculative_config``'s ``kv_cache_dtype`` / ``attention_backend``,
-which vLLM 0.32.0's V2 EAGLE speculator applies through ``SpeculativeConfig.apply_draft_overrides``).
+The shipped pair widened to 128-multiple widths (``kimi.models.widen``: the same function, so that block-FP8 takes
+the published 128 x 128 blocks; the shipped pair's widths allow 16, which no vLLM kernel takes), its drafter trained
+on the bf16 target as a user would reuse one, served at k = 3 against the same target in the layouts users serve
+(``kimi.models.quantize``: block-FP8 as DeepSeek-V3 / Kimi-K2 write it, INT4 W4A16 routed experts as Kimi-K2.5 writes
+it), with an FP8 KV cache on the target, and with the drafter's own KV cache dtype and attention backend
+(``speculative_config``'s ``kv_cache_dtype`` / ``attention_backend``, which vLLM 0.32.0's V2 EAGLE speculator
+applies through ``SpeculativeConfig.apply_draft_overrides``).
 
 Each :class:`Variant` is a "model" of ``kimi.bench.perf``'s plan: its engines (``nospec``, ``fork_k3``,
 ``upstream_k3``) are perf_vs_upstream's, started side by side and measured in interleaved rounds by
@@ -49,13 +51,6 @@ class Variant:
         return self.baseline or self.name
 
 
-#: The reference FP8 target's linear layers on vLLM's Triton block-FP8 GEMM. Its blocks are 16 x 16 (the pair is
-#: 192 wide; ``kimi.models.quantize``), which CUTLASS and DeepGEMM refuse; vLLM 0.32.0's automatic choice then
-#: falls to Marlin, whose weight repacking fails the load on an H200 with a bare AssertionError
-#: (``prepare_fp8_layer_for_marlin``; benchmarks/results/logs/quantized-h200; open upstream as vllm PR 57600).
-#: Published 128 x 128 checkpoints take CUTLASS or DeepGEMM and need no setting.
-FP8_GEMM = {"linear_backend": "triton"}
-
 #: The control of an engine's own batch numerics: every request alone (one sequence per step), so its greedy output
 #: is what the same engine gives without batching. Set against the batched ``nospec`` engine of the same target and
 #: KV cache, it shows how many sequences batching alone flips; set against that variant's fork, how many speculation
@@ -68,11 +63,11 @@ ONE_BY_ONE = {"max_num_seqs": 1, "compilation_config": {"cudagraph_capture_sizes
 #: target with each KV cache dtype.
 VARIANTS = (
     Variant("bf16"),
-    Variant("fp8-block", "fp8-block", engine=FP8_GEMM),
+    Variant("fp8-block", "fp8-block"),
     Variant("int4-experts", "int4-experts"),
     Variant("bf16+kv-fp8", kv_cache_dtype="fp8"),
-    Variant("fp8-block+kv-fp8", "fp8-block", kv_cache_dtype="fp8", engine=FP8_GEMM, engines=("nospec", "fork")),
-    Variant("fp8-block+kv-fp8+drafter-bf16-kv-triton", "fp8-block", kv_cache_dtype="fp8", engine=FP8_GEMM,
+    Variant("fp8-block+kv-fp8", "fp8-block", kv_cache_dtype="fp8", engines=("nospec", "fork")),
+    Variant("fp8-block+kv-fp8+drafter-bf16-kv-triton", "fp8-block", kv_cache_dtype="fp8",
             draft={"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}, engines=("fork",),
             baseline="fp8-block+kv-fp8"),
     Variant("bf16+one-by-one", engine=ONE_BY_ONE, engines=("nospec",), baseline="bf16"),

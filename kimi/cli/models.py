@@ -1,4 +1,4 @@
-"""``kimi models make|train-target|pick-target|train-pair|quantize``: the reference models, made here, never
+"""``kimi models make|train-target|pick-target|train-pair|quantize|widen``: the reference models, made here, never
 downloaded."""
 
 from __future__ import annotations
@@ -84,6 +84,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the bf16 target to quantize (default: the shipped pair's, models/pair/target)")
     add_force(p, "replace an existing folder")
     p.set_defaults(func=cmd_quantize)
+    p = cmds.add_parser(
+        "widen", help="the trained pair padded with zeros to 128-multiple widths (what block-FP8 kernels take)",
+        description="Write a pair whose target and Llama-style drafter compute what the given pair's do, with the "
+                    "widths under an RMSNorm padded to 4^j times themselves and the experts' to a multiple of 128 "
+                    "(zero rows and columns, norm weights scaled by a power of two), so that `kimi models quantize "
+                    "fp8-block` can use the published 128 x 128 blocks. Written atomically, with a MANIFEST.json.")
+    p.add_argument("out", nargs="?", type=Path, default=None, help="folder to write (default: .kimi/models/pair-wide)")
+    p.add_argument("--pair", type=Path, default=None, metavar="DIR", help="the pair to widen (default: models/pair)")
+    add_force(p, "replace an existing folder")
+    p.set_defaults(func=cmd_widen)
 
 
 def cmd_make(args: argparse.Namespace, layout: Layout) -> int:
@@ -150,4 +160,13 @@ def cmd_quantize(args: argparse.Namespace, layout: Layout) -> int:
 
     quantize_target(args.source or SHIPPED_PAIR / "target", args.out or layout.private / "models" / "quantized" /
                     args.scheme, args.scheme, force=args.force)
+    return 0
+
+
+def cmd_widen(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi models widen [OUT]``: the pair padded to 128-multiple widths (kimi.models.widen)."""
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.widen import widen_pair
+
+    widen_pair(args.pair or SHIPPED_PAIR, args.out or layout.private / "models" / "pair-wide", force=args.force)
     return 0

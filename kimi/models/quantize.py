@@ -65,10 +65,16 @@ def fitted(published: int, widths: Iterable[int]) -> int:
 def fp8_block_size(cfg: dict) -> tuple[int, int]:
     """``(block_n, block_k)`` for a DeepSeek-V3 text config: :data:`FP8_BLOCK` fitted to the widths vLLM needs whole
     blocks of (output: ``q_a_proj`` before the merged ``kv_a_proj_with_mqa``, the dense and shared-expert
-    ``gate_proj`` before ``up_proj``, the routed experts' ``w13``; input: the hidden size and the experts' width)."""
+    ``gate_proj`` before ``up_proj``, the routed experts' ``w13``; input: every quantized layer's, since the
+    activations are quantized in groups of ``block_k`` (``per_token_group_quant_fp8``): the hidden size,
+    ``q_lora_rank`` (``q_b_proj``), ``kv_lora_rank`` (``kv_b_proj``), the heads' values (``o_proj``), the dense and
+    the experts' widths (``down_proj``))."""
     moe = cfg.get("moe_intermediate_size", 0)
     outputs = [cfg.get("q_lora_rank") or 0, cfg["intermediate_size"], moe * cfg.get("n_shared_experts", 0), moe]
-    return fitted(FP8_BLOCK, outputs), fitted(FP8_BLOCK, [cfg["hidden_size"], moe])
+    inputs = [cfg["hidden_size"], cfg.get("q_lora_rank") or 0, cfg.get("kv_lora_rank") or 0,
+              cfg["num_attention_heads"] * cfg.get("v_head_dim", 0), cfg["intermediate_size"], moe,
+              moe * cfg.get("n_shared_experts", 0)]
+    return fitted(FP8_BLOCK, outputs), fitted(FP8_BLOCK, inputs)
 
 
 def fp8_gpu_refusal(block: tuple[int, int]) -> str | None:
