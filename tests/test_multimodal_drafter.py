@@ -95,6 +95,37 @@ def test_upstream_drafter_reads_the_placeholder_and_says_so(models: Path, style:
         in warning
 
 
+_UNPADDED = """
+import json, sys
+from transformers import AutoTokenizer
+from vllm import LLM
+from kimi.bench import multimodal as mm
+target, drafter = sys.argv[1], sys.argv[2]
+texts = mm.prompts(AutoTokenizer.from_pretrained(target))
+# a short text request decodes (drafts rejected: random drafter) while the image prefills in 32-token chunks
+requests = [{"prompt": "def f(x):\\n"}, mm.image_request(texts["long"], ("red",))]
+out = {}
+for name, spec in (("base", None), ("eagle3", {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3,
+                                               "disable_padded_drafter_batch": True})):
+    llm = LLM(model=target, speculative_config=spec, **mm.CHUNKED)
+    try:
+        out[name] = mm._greedy(llm, requests)
+    except Exception as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"[:300]
+    mm._close(llm)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_unpadded_drafter_batch_mixing_decodes_and_an_image_prefill(models: Path) -> None:
+    """``disable_padded_drafter_batch``: the drafter gets the kept rows only, and the image mask (one row per
+    scheduled token) is cut to them; uncut it crashed the first step where a decode dropped a rejected draft
+    beside an image chunk ("The shape of the mask [32] ... does not match ... [29, 256]")."""
+    got = run_engine_script(_UNPADDED, str(models / "kimi-k25"), str(models / "drafter-llama"), timeout=900)
+    assert isinstance(got["eagle3"], list), got["eagle3"]
+    assert got["eagle3"] == got["base"]
+
+
 # --- the hook's decision, without an engine ------------------------------------------------------------------
 
 def _config(multimodal: bool = True, target_width: int = 256, draft_width: int = 256):
