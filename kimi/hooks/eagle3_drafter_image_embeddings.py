@@ -93,7 +93,8 @@ def why_not(drafter: torch.nn.Module, vllm_config) -> str | None:
 def take_target_embeddings(drafter: torch.nn.Module, vllm_config) -> bool:
     """Let ``drafter`` (the built draft model) read the target's image embeddings at image positions.
 
-    Does nothing for a target without multimodal inputs or a drafter that already declares
+    Reads ``KIMI_DRAFT_IMAGE_EMBEDS`` first, for every target (a bad value stops the start-up whatever the
+    model), then does nothing for a target without multimodal inputs or a drafter that already declares
     ``supports_multimodal_embeddings``.  Otherwise, with ``KIMI_DRAFT_IMAGE_EMBEDS=auto`` and a drafter
     :func:`why_not` accepts, sets ``drafter.embed_input_ids`` (merging) and
     ``drafter.supports_multimodal_embeddings = True`` on the instance and logs it at INFO; else logs a WARNING
