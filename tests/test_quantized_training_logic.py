@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from kimi.bench.quantized_training import Settings, compare_captures, markdown, plan
 from kimi.cli import build_parser
@@ -16,7 +15,8 @@ from kimi.train.store import write_shard
 def _drafter(tmp_path):
     folder = tmp_path / "shipped"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"draft_vocab_size": 1536, "num_attention_heads": 4}))
+    (folder / "config.json").write_text(json.dumps({"draft_vocab_size": 1536, "num_attention_heads": 4,
+                                                            "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}))
     return folder
 
 
@@ -27,7 +27,7 @@ def test_the_plan_trains_on_each_target_and_serves_each_drafter_on_the_quantized
     assert names[:5] == ["regenerate-bf16", "capture-bf16", "vocab-bf16", "train-bf16", "export-bf16"]
     assert names[5:10] == [n.replace("bf16", "int4-experts") for n in names[:5]]
     by = {s.name: s for s in steps}
-    assert by["capture-int4-experts"].args[-4:] == ["--ids", "2", "4", "5"]  # the pair's aux ids
+    assert by["capture-int4-experts"].args[-4:] == ["--ids", "2", "4", "5"]  # the shipped drafter's aux ids
     assert by["vocab-bf16"].args[-2:] == ["--draft-vocab", "1536"]  # the shipped drafter's, for its warm start
     train = by["train-int4-experts"].args
     assert train[train.index("--init") + 1] == str(shipped)
@@ -56,6 +56,8 @@ def _capture(folder, aux, final, ids, aux_ids=(2, 4, 5)) -> None:
 
 
 def test_captures_are_compared_per_state_on_the_same_tokens(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
     g = torch.Generator().manual_seed(0)
     aux, final, ids = torch.randn(10, 12, generator=g), torch.randn(10, 4, generator=g), torch.arange(10)
     moved = aux.clone()

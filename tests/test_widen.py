@@ -7,14 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from kimi.errors import KimiError
-from kimi.models import SHIPPED_PAIR
-from kimi.models.quantize import fp8_block_size, fp8_gpu_refusal
-from kimi.models.shipped import check_pair
-from kimi.models.widen import normed, padded, widen_pair
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from kimi.errors import KimiError  # noqa: E402
+from kimi.models import SHIPPED_PAIR  # noqa: E402
+from kimi.models.quantize import fp8_block_size, fp8_gpu_refusal  # noqa: E402
+from kimi.models.shipped import check_pair  # noqa: E402
+from kimi.models.widen import normed, padded, widen_pair  # noqa: E402
 
 
 @pytest.fixture(scope="module")

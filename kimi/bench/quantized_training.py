@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.bench.results import header
-from kimi.train.pair import PAIR_AUX_IDS
 
 
 @dataclass(frozen=True)
@@ -61,9 +60,10 @@ class Step:
 
 def plan(s: Settings, scratch: Path, bf16: Path, quantized: Path, shipped: Path) -> list[Step]:
     """The commands of the run, in order (see the module docstring). ``bf16`` / ``quantized``: the target folders;
-    ``shipped``: the drafter trained on the bf16 target. Work folders and drafters go under ``scratch``."""
-    ids = [str(i) for i in PAIR_AUX_IDS]
-    vocab = json.loads((shipped / "config.json").read_text())
+    ``shipped``: the drafter trained on the bf16 target, whose aux ids, draft vocabulary size and heads the
+    captures and the fine-tuning keep. Work folders and drafters go under ``scratch``."""
+    vocab = json.loads((shipped / "config.json").read_text())  # the shipped drafter's: its ids, vocabulary, heads
+    ids = [str(i) for i in vocab["eagle_aux_hidden_state_layer_ids"]]
     steps: list[Step] = []
     targets = {"bf16": bf16, s.scheme: quantized}
     for name, target in targets.items():
