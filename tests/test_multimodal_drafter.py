@@ -89,7 +89,9 @@ def test_upstream_drafter_reads_the_placeholder_and_says_so(models: Path, style:
     assert prefill["text_equal"] == prefill["text_positions"] > 0  # text rows are right either way
     assert not sees_target_embeddings([got])
     drafter = {"llama": "Eagle3LlamaForCausalLM", "mla": "Eagle3DeepseekV2ForCausalLM"}[style]
-    warning = next(w for w in got["warnings"] if w.startswith("DRAFTER WITHOUT IMAGE INPUTS"))
+    warnings = [w for w in got["warnings"] if w.startswith("DRAFTER WITHOUT IMAGE INPUTS")]
+    assert warnings, f"no start-up warning names the drafter; the engine's warnings: {got['warnings']}"
+    warning = warnings[0]
     assert drafter in warning and f"drafter-{style}" in warning
     assert "placeholder token 2 (media_placeholder_token_id)" in warning and "acceptance on image prompts drops" \
         in warning
