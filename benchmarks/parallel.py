@@ -63,7 +63,8 @@ def markdown(result: dict) -> list[str]:
              + (f", Ray {v['ray']}" if v.get("ray") else ""),
              (f"- {result['prompts']} held-out prompts x {result['tokens']} greedy tokens, float32, torch.compile; "
              "identical: sequences equal to the same target alone on one rank (and at the same layout)"),
-             *[f"- rows added by `{run['command']}` ({run['date']}): {run['rows']}" for run in result.get("added", [])],
+             *[f"- rows added by `{run['command']}` ({run['date']}" + (f", {run['cpu']}" if run.get("cpu") else "")
+               + f"): {run['rows']}" for run in result.get("added", [])],
              *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []),
              *([SERVE_NOTE] if any(r["executor"] == "serve" for r in result["rows"]) else []), "",
              ("| model | drafter | tp | pp | executor | status | identical to TP 1 | to same layout, no spec | τ "
@@ -91,7 +92,7 @@ def merged(previous: dict, new: dict) -> dict:
     for row in fresh.values():
         last = max((i for i, r in enumerate(rows) if r["model"] == row["model"]), default=len(rows) - 1)
         rows.insert(last + 1, row)
-    note = {"command": new["command"], "date": new["date"], "seconds": new.get("seconds"),
+    note = {"command": new["command"], "date": new["date"], "seconds": new.get("seconds"), "cpu": new.get("cpu"),
             "rows": ", ".join(sorted({f"{r['model']} tp {r['tp']} pp {r['pp']} {r['executor']}" for r in new["rows"]}))}
     return {**previous, "versions": {**previous["versions"], **new["versions"]},
             "added": [*previous.get("added", []), note], "rows": rows}
