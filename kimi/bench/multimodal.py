@@ -8,8 +8,9 @@ placeholder ``<|media_pad|>`` = id 2) and each drafter style (``drafter-llama``,
   hits that start inside and after the image, a chunked prefill that splits the image, and a chunk that ends
   right before the image;
 * :func:`lossless`: greedy output with EAGLE-3 against the same engine settings without speculation, per
-  scenario: one image, two images in one request, a batch mixing text-only and image requests, an image
-  whose tokens cross a chunk boundary (``max_num_batched_tokens`` 32).
+  scenario: one image, two images in one request, a batch mixing text-only and image requests, an image in a
+  later turn of a conversation whose earlier turn is in the prefix cache, an image whose tokens cross a chunk
+  boundary (``max_num_batched_tokens`` 32).
 
 Both run vLLM in this process (import vLLM, torch and PIL when called).  ``benchmarks/multimodal.py`` writes
 their results (:func:`write_results`); ``tests/test_multimodal_drafter.py`` asserts on them.
@@ -147,15 +148,21 @@ def sees_target_embeddings(runs: list[dict]) -> bool:
 
 
 def lossless_requests(texts: dict[str, str]) -> dict[str, list[dict]]:
-    """The lossless scenarios' requests (each list is one ``generate`` call): ``one_image``, ``two_images``
-    (one request), ``mixed_batch`` (two text-only and two image requests), ``image_across_chunks`` (run on
+    """The lossless scenarios' requests (each list is one ``generate`` call, in this order on one engine):
+    ``one_image``, ``two_images`` (one request), ``mixed_batch`` (two text-only and two image requests),
+    ``chat_turn_1`` (a text-only first turn) then ``chat_turn_2_image`` (that turn, an answer and a second turn
+    with an image: served from the prefix cache up to the new turn), ``image_across_chunks`` (run on
     :data:`CHUNKED`)."""
+    turn_1 = f"# user:\n{texts['text']}\n"
+    turn_2 = f"{turn_1}# assistant:\n    return None\n# user: and this one? {MEDIA_TOKEN}\ndef describe(image):\n"
     return {"one_image": [image_request(texts["short"], ("red",)), image_request(texts["long"], ("blue",))],
             "two_images": [image_request(texts["two"], ("red", "blue")),
                            image_request(texts["two"], ("green", "white"))],
             "mixed_batch": [{"prompt": texts["text"]}, image_request(texts["short"], ("green",)),
                             {"prompt": texts["long"].replace(MEDIA_TOKEN, "image")},
                             image_request(texts["long"], ("white",))],
+            "chat_turn_1": [{"prompt": turn_1}],
+            "chat_turn_2_image": [image_request(turn_2, ("green",))],
             "image_across_chunks": [image_request(texts["short"], ("red",)), image_request(texts["at_chunk"],
                                                                                            ("blue",))]}
 
