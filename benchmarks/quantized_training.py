@@ -7,8 +7,9 @@ Kimi-K2.5's layout), then ``kimi train`` runs as a user runs it, one command per
 (``kimi.bench.quantized_training.plan``): answers and captured states of each target, the bf16 target captured on
 the quantized target's samples (the states compared token by token), the shipped drafter fine-tuned on each, and
 served τ of each drafter on the quantized target. vLLM's CPU backend runs neither quantized layout (the fork refuses
-them at start, patch 0016), so this runs on a GPU only. The block-FP8 reference target needs
-``--linear-backend triton`` on vLLM 0.32.0 (benchmarks/results/quantized.md), which ``kimi train`` does not pass.
+them at start, patch 0016), so this runs on a GPU only. The shipped pair's block-FP8 target runs on no GPU kernel of
+vLLM 0.32.0 (its widths allow 16 x 16 blocks; ``kimi.models.quantize.fp8_gpu_refusal``): a block-FP8 run needs the
+widened pair (``kimi models widen``), which this script does not take yet.
 
 Writes ``quantized_training.json`` and ``.md`` under ``--out`` (rewritten after every step) and every step's output
 under ``<scratch>/logs``.
