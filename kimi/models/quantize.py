@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
+from kimi.models.tokenizer import copy_tokenizer_files
 
 SCHEMES = ("fp8-block", "int4-experts")
 #: DeepSeek-V3's and Kimi-K2's ``weight_block_size`` (both sides).
@@ -224,9 +224,7 @@ def quantize_target(source: Path, out: Path, scheme: str, force: bool = False) -
         save_file(written, staging / "model.safetensors", metadata={"format": "pt"})
         (staging / "model.safetensors").chmod(default_mode())
         write_atomic(staging / "config.json", json.dumps({**cfg, "quantization_config": quant}, indent=2) + "\n")
-        for extra in sorted(source.iterdir()):
-            if extra.name.startswith("tokenizer") or extra.name == "generation_config.json":
-                shutil.copyfile(extra, staging / extra.name)
+        copy_tokenizer_files(source, staging)
         manifest = {"scheme": scheme, "quantization_config": quant, "source": str(source),
                     "source_weights_sha256": sha256_file(weights),
                     "files": {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}}

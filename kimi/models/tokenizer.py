@@ -11,6 +11,7 @@ digest of the corpus are recorded with the model.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -100,3 +101,11 @@ def save_tokenizer(tokenizer, out: Path, max_length: int, pad_token: str = SPECI
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=SPECIAL_TOKENS[0],
                                    eos_token=SPECIAL_TOKENS[1], pad_token=pad_token, model_max_length=max_length)
     fast.save_pretrained(str(out))
+
+
+def copy_tokenizer_files(source: Path, dest: Path) -> None:
+    """Copy a model folder's tokenizer files (``tokenizer*``) and ``generation_config.json`` from ``source`` into
+    ``dest`` (an existing folder): what a rewritten copy of the model (quantized, widened) keeps as it was."""
+    for extra in sorted(source.iterdir()):
+        if extra.name.startswith("tokenizer") or extra.name == "generation_config.json":
+            shutil.copyfile(extra, dest / extra.name)

@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
 from kimi.models.shipped import check_pair, pair_digests
+from kimi.models.tokenizer import copy_tokenizer_files
 
 #: Widths are padded to a multiple of this (the published block-FP8 block).
 MULTIPLE = 128
@@ -67,7 +67,6 @@ _DRAFTER = [
     (r"lm_head\.weight", {1: "hidden"}),
     (r"(d2t|t2d)", {}),
 ]
-_NORM = re.compile(r"(^|\.)(norm|input_layernorm|post_attention_layernorm|hidden_norm|q_a_layernorm)\.weight$")
 
 
 def padded(width: int) -> int:
@@ -103,7 +102,8 @@ def _pad(tensor, dims: dict[int, tuple[int, int, int]]):
 
 
 def _widen(tensors: dict, rules: list, widths: dict[str, tuple[int, int, int]]) -> dict:
-    """Every tensor padded by the first rule its name matches; norms over a padded width rescaled."""
+    """Every tensor padded by the first rule its name matches; norms over a padded width rescaled (the 1-D tensors a
+    rule pads are the RMSNorm weights: the router's bias and ``d2t`` / ``t2d`` keep their widths)."""
     out = {}
     for name, tensor in tensors.items():
         rule = next((dims for pattern, dims in rules if re.fullmatch(pattern, name)), None)
@@ -111,7 +111,7 @@ def _widen(tensors: dict, rules: list, widths: dict[str, tuple[int, int, int]]) 
             raise KimiError(f"widen: tensor {name} {list(tensor.shape)} has no rule: not a pair this widening knows")
         dims = {d: widths[w] for d, w in rule.items() if widths[w][0] != widths[w][1]}
         value = _pad(tensor, dims)
-        if _NORM.search(name) and dims:
+        if tensor.dim() == 1 and dims:
             old, new, _ = dims[0]
             value = (value.float() * math.sqrt(old / new)).to(tensor.dtype)
         out[name] = value
@@ -165,9 +165,7 @@ def widen_pair(source: Path, out: Path, force: bool = False) -> dict:
             save_file(tensors, staging / part / "model.safetensors", metadata={"format": "pt"})
             (staging / part / "model.safetensors").chmod(default_mode())
             write_atomic(staging / part / "config.json", json.dumps(configs[part], indent=2) + "\n")
-        for extra in sorted((source / "target").iterdir()):
-            if extra.name.startswith("tokenizer") or extra.name == "generation_config.json":
-                shutil.copyfile(extra, staging / "target" / extra.name)
+        copy_tokenizer_files(source / "target", staging / "target")
         manifest = {"widened_from": {"pair": str(source), "manifest_sha256": sha256_file(source / "MANIFEST.json"),
                                      "widths": {k: [o, n] for k, (o, n, _) in t_widths.items()}},
                     "aux_layer_ids": drafter_cfg["eagle_aux_hidden_state_layer_ids"],
