@@ -83,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             result["served"].append({"drafter": step.served[0], "target": step.served[1],
                                      "tau": round(served["tau"], 3),
                                      "per_position": [round(x, 3) for x in served["per_position"]]})
-        if rc == 0 and step.name == "capture-bf16-on-quantized-samples":
-            result["capture_comparison"] = compare_captures(args.scratch / f"work-{args.scheme}" / "capture",
-                                                            step.work / "capture")
+        if rc == 0 and step.samples_from is not None:  # the bf16 target captured on the quantized one's samples
+            result["capture_comparison"] = compare_captures(step.samples_from / "capture", step.work / "capture")
         print(f"quantized_training: {step.name}: exit {rc} after {result['steps'][step.name]['seconds']} s",
               flush=True)
         save()

@@ -118,17 +118,17 @@ def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, comm
     return jobs
 
 
-def _identical(entry: dict, ref: dict) -> list[int] | None:
-    if not entry.get("tokens") or not ref.get("tokens"):
-        return None
-    return [sum(a == b for a, b in zip(entry["tokens"], ref["tokens"], strict=True)), len(ref["tokens"])]
-
-
 def _differing(entry: dict, ref: dict) -> list[int] | None:
     """The request indices whose greedy output differs between ``entry`` and ``ref``; None without both."""
     if not entry.get("tokens") or not ref.get("tokens"):
         return None
     return [i for i, (a, b) in enumerate(zip(entry["tokens"], ref["tokens"], strict=True)) if a != b]
+
+
+def _identical(entry: dict, ref: dict) -> list[int] | None:
+    """[sequences equal in ``entry`` and ``ref``, sequences]; None without both."""
+    differing = _differing(entry, ref)
+    return None if differing is None else [len(ref["tokens"]) - len(differing), len(ref["tokens"])]
 
 
 def _done(runs: dict, name: str) -> dict:
