@@ -32,6 +32,16 @@ def _target_text_model(model):
     return getattr(inner, "model", inner)
 
 
+def _target(runner):
+    """The target model of a V1 (``get_model()``) or V2 (``model``) model runner."""
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def _record(into: list, positions, rows) -> None:
+    """Append CPU copies of ``positions`` [T] and the first T rows of ``rows`` (float32) to ``into``."""
+    into.append((positions.detach().cpu().clone(), rows[: positions.shape[-1]].detach().float().cpu().clone()))
+
+
 def _drafter(runner):
     """The drafter module of a V1 (``drafter.model``) or V2 (``speculator.model``) model runner, or None."""
     for owner in ("drafter", "speculator"):
@@ -52,7 +62,7 @@ def install(worker) -> dict:
         RuntimeError: the runner has no drafter, or the drafter has no decoder layers.
     """
     runner = worker.model_runner
-    target = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    target = _target(runner)
     drafter = _drafter(runner)
     if drafter is None or not getattr(getattr(drafter, "model", None), "layers", None):
         raise RuntimeError(f"no EAGLE drafter with decoder layers on {type(runner).__name__}")
@@ -66,14 +76,10 @@ def install(worker) -> dict:
     def on_target(module, args, kwargs):
         names = ("positions", "hidden_states", "residual")
         given = {**dict(zip(names, args, strict=False)), **kwargs}
-        positions, rows = given["positions"], given["hidden_states"]
-        records["target"].append((positions.detach().cpu().clone(), rows[: positions.shape[-1]].detach().float()
-                                  .cpu().clone()))
+        _record(records["target"], given["positions"], given["hidden_states"])
 
     def on_drafter(module, args, kwargs):
-        positions, rows = kwargs["positions"], kwargs["embeds"]
-        records["drafter"].append((positions.detach().cpu().clone(), rows[: positions.shape[-1]].detach().float()
-                                   .cpu().clone()))
+        _record(records["drafter"], kwargs["positions"], kwargs["embeds"])
 
     text.layers[text.start_layer].register_forward_pre_hook(on_target, with_kwargs=True)
     drafter.model.layers[0].register_forward_pre_hook(on_drafter, with_kwargs=True)
@@ -94,9 +100,7 @@ def token_row(worker, token_id: int):
     target's embeddings reads for it)."""
     import torch
 
-    runner = worker.model_runner
-    target = runner.get_model() if hasattr(runner, "get_model") else runner.model
-    text = _target_text_model(target)
+    text = _target_text_model(_target(worker.model_runner))
     ids = torch.tensor([token_id], device=next(text.parameters()).device)
     return text.embed_input_ids(ids)[0].detach().float().cpu().clone()
 
