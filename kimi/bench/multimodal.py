@@ -22,15 +22,22 @@ import gc
 from functools import partial
 
 from kimi.bench.results import header, write_json, write_lines
-from kimi.e2e.presets import CPU_EAGER
+from kimi.e2e.presets import CPU_EAGER, GPU_E2E
 from kimi.models.kimi_k25 import MEDIA_TOKEN
 
 #: The CPU engine of the checks: float32, eager, a 32-token KV block so that prefix-cache hits fall inside and
 #: after a 64-token image (EAGLE keeps the last matched block out of a hit: a hit ends 32 tokens early).
 ENGINE = {**CPU_EAGER, "max_model_len": 512, "kv_cache_memory_bytes": 256 << 20, "block_size": 32,
           "enable_prefix_caching": True}
-#: The same engine prefilling in chunks of 32 tokens (a 64-token image spans at least two chunks).
-CHUNKED = {**ENGINE, "max_num_batched_tokens": 32}
+#: The GPU engine of the checks: bfloat16, the same KV blocks and prefix caching, CUDA graphs on (vLLM's default
+#: there, V2 model runner) for a few batch sizes only, to keep each engine's start short. Hopper's MLA backend
+#: (FLASH_ATTN_MLA) takes 32-token blocks as two kernel blocks of 16.
+GPU_ENGINE = {**GPU_E2E, "block_size": 32, "enable_prefix_caching": True,
+              "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8]}}
+#: Prefill chunks of 32 tokens (a 64-token image spans at least two chunks), added to either engine.
+CHUNK = {"max_num_batched_tokens": 32}
+#: The CPU engine prefilling in chunks (:data:`CHUNK`).
+CHUNKED = {**ENGINE, **CHUNK}
 #: One plain 224 x 224 image per color: 16 x 16 patches of 14 pixels merged 2 x 2, 64 image tokens.
 COLORS = ("red", "blue", "green", "white")
 K = 3
@@ -92,19 +99,39 @@ def _engine(target: str, drafter: str | None, engine: dict):
     return LLM(model=target, speculative_config=spec, disable_log_stats=False, **engine)
 
 
+def settings(device: str, chunked: bool = False, eager: bool = False) -> dict:
+    """The ``LLM`` settings of a check on ``device`` ("cpu": :data:`ENGINE`, always eager; "gpu":
+    :data:`GPU_ENGINE`, eager when ``eager``), prefilling in chunks (:data:`CHUNK`) when ``chunked``.
+
+    Raises:
+        ValueError: ``device`` is neither.
+    """
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be cpu or gpu, not {device!r}")
+    base = ENGINE if device == "cpu" else {**GPU_ENGINE, **({"enforce_eager": True} if eager else {})}
+    return {**base, **(CHUNK if chunked else {})}
+
+
 def _close(llm) -> None:
+    """Shut the in-process engine down and free what it held, so that the next engine of the process starts
+    clean (on a GPU: its memory and vLLM's distributed state)."""
+    from vllm.distributed import cleanup_dist_env_and_memory
+
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+    cleanup_dist_env_and_memory()
 
 
-def drafter_inputs(target: str, drafter: str, chunked: bool = False) -> dict:
+def drafter_inputs(target: str, drafter: str, chunked: bool = False, device: str = "cpu") -> dict:
     """The drafter's rows at image positions against the target's, per scenario, on one engine.
 
     ``chunked`` False (:data:`ENGINE`): ``prefill`` (``short``, cold), ``prefix_hit_inside`` (``short`` again:
     the hit ends inside the image), ``prefill_long`` and ``prefix_hit_after`` (``long`` twice: the hit ends
     after it). True (:data:`CHUNKED`): ``chunked`` (``short``: chunks split the image) and
-    ``chunk_ends_before_image`` (``at_chunk``: the first chunk ends right before the image).
+    ``chunk_ends_before_image`` (``at_chunk``: the first chunk ends right before the image). On a GPU
+    (``device`` "gpu") the engine is :data:`GPU_ENGINE` run eagerly (the hooks read modules that a CUDA graph
+    would replay without calling).
 
     Returns:
         ``{"engine": {"model_runner": "v1"|"v2", "drafter": class name}, "scenarios": {name:
@@ -121,7 +148,7 @@ def drafter_inputs(target: str, drafter: str, chunked: bool = False) -> dict:
     plan = ([("chunked", "short", "green"), ("chunk_ends_before_image", "at_chunk", "white")] if chunked else
             [("prefill", "short", "red"), ("prefix_hit_inside", "short", "red"), ("prefill_long", "long", "blue"),
              ("prefix_hit_after", "long", "blue")])
-    llm = _engine(target, drafter, CHUNKED if chunked else ENGINE)
+    llm = _engine(target, drafter, settings(device, chunked, eager=True))
     try:
         installed = llm.collective_rpc(draft_inputs.install)[0]
         row = llm.collective_rpc(partial(draft_inputs.token_row, token_id=media_id))[0]
@@ -171,15 +198,15 @@ def _greedy(llm, requests: list[dict]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(requests, _params(), use_tqdm=False)]
 
 
-def _run_all(target: str, drafter: str | None, plan: dict[str, list[dict]]) -> tuple[dict, dict]:
-    """``({scenario: tokens or None}, {scenario: error or None})`` on an :data:`ENGINE` and a :data:`CHUNKED`
-    engine (``image_across_chunks``), with ``drafter`` or without speculation; a failed call is kept as its
-    error and counts as a crash."""
+def _run_all(target: str, drafter: str | None, plan: dict[str, list[dict]], device: str) -> tuple[dict, dict]:
+    """``({scenario: tokens or None}, {scenario: error or None})`` on the engine of ``device`` (:func:`settings`)
+    and the same prefilling in chunks (``image_across_chunks``), with ``drafter`` or without speculation; a
+    failed call is kept as its error and counts as a crash."""
     tokens: dict = {}
     errors: dict = {}
-    for engine, names in ((ENGINE, [n for n in plan if n != "image_across_chunks"]),
-                          (CHUNKED, ["image_across_chunks"])):
-        llm = _engine(target, drafter, engine)
+    for chunked, names in ((False, [n for n in plan if n != "image_across_chunks"]),
+                           (True, ["image_across_chunks"])):
+        llm = _engine(target, drafter, settings(device, chunked))
         try:
             for name in names:
                 try:
@@ -191,8 +218,9 @@ def _run_all(target: str, drafter: str | None, plan: dict[str, list[dict]]) -> t
     return tokens, errors
 
 
-def lossless(target: str, drafters: dict[str, str]) -> dict:
-    """Greedy output with each drafter (``{style: folder}``) against the output without speculation.
+def lossless(target: str, drafters: dict[str, str], device: str = "cpu") -> dict:
+    """Greedy output with each drafter (``{style: folder}``) against the output without speculation, on the
+    engines of ``device`` (:func:`settings`: CUDA graphs on a GPU).
 
     Returns:
         ``{scenario: {style: {"requests", "identical", "total", "crashes", "error"}}}``: ``total`` the
@@ -201,10 +229,10 @@ def lossless(target: str, drafters: dict[str, str]) -> dict:
     from transformers import AutoTokenizer
 
     plan = lossless_requests(prompts(AutoTokenizer.from_pretrained(target)))
-    base, base_errors = _run_all(target, None, plan)
+    base, base_errors = _run_all(target, None, plan, device)
     out: dict = {name: {} for name in plan}
     for style, folder in drafters.items():
-        spec, errors = _run_all(target, folder, plan)
+        spec, errors = _run_all(target, folder, plan, device)
         for name, requests in plan.items():
             a, b = spec[name], base[name]
             same = sum(x == y for x, y in zip(a, b, strict=True)) if a is not None and b is not None else 0
