@@ -29,6 +29,7 @@ runs neither quantized layout.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -40,10 +41,12 @@ from kimi.bench.perf.analysis import versions_of
 from kimi.bench.perf.orchestrate import run_parallel
 from kimi.bench.perf.plan import add_side_by_side_options
 from kimi.bench.quantized import (
+    RUNS_FILE,
     controls,
     failures,
     jobs_of,
     markdown,
+    merged,
     pick,
     quantization_of,
     rows,
@@ -68,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 540)))
     p.add_argument("--job-timeout-s", type=float, default=400, help="for an engine's start, and for each round")
     p.add_argument("--scratch", type=Path, default=Path("/tmp/quantized"))
+    p.add_argument("--merge", action="store_true",
+                   help=f"add to what an earlier call on this machine left in --scratch ({RUNS_FILE}): the report "
+                        "shows both calls' variants (run the variants over several device calls)")
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     return p
@@ -115,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
+    runs_file = args.scratch / RUNS_FILE
+    if args.merge and not runs_file.is_file():
+        cli.error(f"--merge: no earlier call's results in {runs_file}")
+    earlier = json.loads(runs_file.read_text()) if args.merge else None
     args.fork_greedy = "auto"  # kimi.bench.perf.plan.variant_env: the fork as it runs by default
     from kimi.e2e.prompts import code_prompt_ids
     from kimi.models.widen import widen_pair
@@ -127,21 +137,28 @@ def main(argv: list[str] | None = None) -> int:
               "engine": engine_settings(args)}
     jobs = jobs_of(variants, targets, str(args.wide / "drafter"), common)
     runs: dict[str, dict] = {}
-    info = {scheme or "bf16": f"{path} ({quantization_of(Path(path))})" for scheme, path in targets.items()}
+    paths = {**(earlier or {}).get("targets", {}), **{scheme or "bf16": path for scheme, path in targets.items()}}
+    info = {scheme: f"{path} ({quantization_of(Path(path))})" for scheme, path in paths.items()}
+    commands = [*(earlier or {}).get("commands", []), made["command"]]
 
     def report(job: dict | None = None) -> None:
-        done = [r for r in runs.values() if r.get("status") == "done"]
-        table = rows(variants, runs)
+        shown, engines = merged(earlier, variants, runs)
+        shown_jobs = jobs_of(shown, {None if s == "bf16" else s: p for s, p in paths.items()},
+                             str(args.wide / "drafter"), common)
+        done = [r for r in engines.values() if r.get("status") == "done"]
+        table = rows(shown, engines)
         result = {"device": describe(done[0]["device"], versions=True) if done else None, **made,
-                  "versions": versions_of(runs, jobs), "targets": info,
+                  "commands": commands, "versions": versions_of(engines, shown_jobs), "targets": info,
                   "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps,
                                "rounds": args.rounds, "k": 3, "engine": common["engine"],
-                               "variants": {v.name: variant_settings(v) for v in variants}},
-                  "rows": table, "controls": controls(variants, runs), "totals": totals(table),
-                  "failures": failures(jobs, runs),
-                  "engines": {j["name"]: {k: v for k, v in runs.get(j["name"], {"status": "not run"}).items()
-                                          if k not in ("by_concurrency",)} for j in jobs},
+                               "variants": {v.name: variant_settings(v) for v in shown}},
+                  "rows": table, "controls": controls(shown, engines), "totals": totals(table),
+                  "failures": failures(shown_jobs, engines),
+                  "engines": {j["name"]: {k: v for k, v in engines.get(j["name"], {"status": "not run"}).items()
+                                          if k not in ("by_concurrency",)} for j in shown_jobs},
                   "seconds": round(time.monotonic() - started, 1)}
+        write_json(runs_file, {"variants": [v.name for v in shown], "runs": engines, "targets": paths,
+                               "commands": commands})
         write_json(args.out / "quantized.json", result)
         write_lines(args.out / "quantized.md", markdown(result))
         if job is not None:

@@ -111,7 +111,7 @@ for name, spec in (("base", None), ("eagle3", {"method": "eagle3", "model": draf
                                                "disable_padded_drafter_batch": True})):
     llm = LLM(model=target, speculative_config=spec, **mm.CHUNKED)
     try:
-        out[name] = mm._greedy(llm, requests)
+        out[name] = mm._greedy(llm, requests, margins=False)["tokens"]
     except Exception as exc:
         out[name] = f"{type(exc).__name__}: {exc}"[:300]
     mm._close(llm)

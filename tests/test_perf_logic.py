@@ -266,6 +266,10 @@ def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     nospec = variant_env(args, {"variant": "nospec"}, tmp_path)
     assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"] == nospec["VLLM_CACHE_ROOT"]
     assert variant_env(args, {"variant": "fork"}, tmp_path, cache="c1")["VLLM_CACHE_ROOT"] == str(tmp_path / "c1")
+    own = variant_env(args, {"variant": "fork", "env": {"VLLM_USE_DEEP_GEMM": "0", "KIMI_DRAFT_GREEDY": "off"}},
+                      tmp_path)
+    assert own["VLLM_USE_DEEP_GEMM"] == "0" and own["KIMI_DRAFT_GREEDY"] == "off"  # the job's own env comes last
+    assert "VLLM_USE_DEEP_GEMM" not in fork
 
 
 def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

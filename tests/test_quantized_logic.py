@@ -14,6 +14,7 @@ from kimi.bench.quantized import (
     failures,
     jobs_of,
     markdown,
+    merged,
     pick,
     rows,
     totals,
@@ -62,6 +63,14 @@ def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
     assert alone["max_num_seqs"] == 1 and alone["compilation_config"] == ONE_BY_ONE["compilation_config"]
     assert alone["kv_cache_dtype"] == "fp8" and jobs["bf16+kv-fp8+one-by-one/nospec"]["spec"] is None
     assert COMMON["engine"] == {"dtype": "bfloat16", "kv_cache_memory_bytes": 1 << 30}  # not changed in place
+
+
+def test_block_fp8_engines_run_without_deep_gemm_and_the_others_as_vllm_chooses() -> None:
+    jobs = jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)
+    fp8 = [j for j in jobs if j["target"] == "/t/fp8"]
+    assert len(fp8) == 6 and all(j["env"] == {"VLLM_USE_DEEP_GEMM": "0"} for j in fp8)
+    assert all(not j["env"] for j in jobs if j["target"] != "/t/fp8")
+    assert variant_settings(VARIANTS[1])["environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
 
 
 def _done(by_c: dict) -> dict:
@@ -144,11 +153,13 @@ def test_the_result_records_what_each_variant_adds() -> None:
     overrides = {"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}
     assert variant_settings(fp8) == {"scheme": "fp8-block", "kv_cache_dtype": "fp8",
                                      "engine": {}, "drafter_overrides": overrides,
-                                     "engines": ["fork"], "baseline": "fp8-block+kv-fp8"}
+                                     "engines": ["fork"], "baseline": "fp8-block+kv-fp8",
+                                     "environment": {"VLLM_USE_DEEP_GEMM": "0"}}
     text = "\n".join(markdown({"command": "c", "date": "d", "device": "H200", "versions": {},
                                "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {},
                                             "variants": {fp8.name: variant_settings(fp8)}},
                                "totals": {}, "rows": [], "failures": {}, "targets": {}}))
+    assert f"- {fp8.name}: {{'VLLM_USE_DEEP_GEMM': '0'}}" in text
     alone = next(v for v in VARIANTS if v.name == "bf16+one-by-one")
     text = "\n".join(markdown({"command": "c", "date": "d", "device": "H200", "versions": {},
                                "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {},
@@ -164,3 +175,19 @@ def test_a_site_without_vllm_is_named_before_anything_starts(tmp_path) -> None:
     assert site_errors(fork_site=tmp_path / "site", upstream_site=tmp_path / "nope") == [
         f"--upstream-site {tmp_path / 'nope'} holds no vllm package (no vllm/__init__.py there)"]
     assert site_errors(fork_site=None, upstream_site=tmp_path / "site") == ["--fork-site is required"]
+
+
+def test_a_merged_report_shows_both_calls_and_a_variant_run_again_replaces_its_engines() -> None:
+    first = {"variants": ["bf16", "fp8-block"], "runs": {"bf16/nospec": _done({}), "bf16/fork_k3": _done({}),
+                                                          "fp8-block/nospec": {"status": "timeout"}}}
+    again = {"fp8-block/nospec": _done({"1": {}}), "bf16+kv-fp8/fork_k3": _done({})}
+    shown, engines = merged(first, pick(["bf16+kv-fp8", "fp8-block"], cpu=False), again)
+    assert [v.name for v in shown] == ["bf16", "fp8-block", "bf16+kv-fp8"]  # in VARIANTS order
+    assert engines["fp8-block/nospec"]["status"] == "done" and set(engines) == {
+        "bf16/nospec", "bf16/fork_k3", "fp8-block/nospec", "bf16+kv-fp8/fork_k3"}
+    only = pick(["int4-experts"], cpu=False)
+    assert merged(None, only, again) == (only, again)
+    text = "\n".join(markdown({"command": "b", "commands": ["a", "b"], "date": "d", "device": "H200", "versions": {},
+                               "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {}, "variants": {}},
+                               "totals": {}, "rows": [], "failures": {}, "targets": {}}))
+    assert "- merged over 2 calls: `a`; `b`" in text

@@ -86,10 +86,10 @@ def prompts(tokenizer) -> dict[str, str]:
             "text": code[2]}
 
 
-def _params():
+def _params(logprobs: int | None = None):
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    return SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, logprobs=logprobs)
 
 
 def _engine(target: str, drafter: str | None, engine: dict):
@@ -194,14 +194,20 @@ def lossless_requests(texts: dict[str, str]) -> dict[str, list[dict]]:
                                                                                            ("blue",))]}
 
 
-def _greedy(llm, requests: list[dict]) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in llm.generate(requests, _params(), use_tqdm=False)]
+def _greedy(llm, requests: list[dict], margins: bool) -> dict:
+    """``{"tokens": per request its greedy tokens, "margins": per request and position the top-1 minus top-2
+    logprob (only when ``margins``, else None)}``."""
+    from kimi.bench.gpu_e2e.job import margin
+
+    outputs = llm.generate(requests, _params(2 if margins else None), use_tqdm=False)
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            "margins": [[margin(step) for step in o.outputs[0].logprobs] for o in outputs] if margins else None}
 
 
 def _run_all(target: str, drafter: str | None, plan: dict[str, list[dict]], device: str) -> tuple[dict, dict]:
-    """``({scenario: tokens or None}, {scenario: error or None})`` on the engine of ``device`` (:func:`settings`)
-    and the same prefilling in chunks (``image_across_chunks``), with ``drafter`` or without speculation; a
-    failed call is kept as its error and counts as a crash."""
+    """``({scenario: _greedy's dict or None}, {scenario: error or None})`` on the engine of ``device``
+    (:func:`settings`) and the same prefilling in chunks (``image_across_chunks``), with ``drafter`` or without
+    speculation (then with the margins); a failed call is kept as its error and counts as a crash."""
     tokens: dict = {}
     errors: dict = {}
     for chunked, names in ((False, [n for n in plan if n != "image_across_chunks"]),
@@ -210,7 +216,7 @@ def _run_all(target: str, drafter: str | None, plan: dict[str, list[dict]], devi
         try:
             for name in names:
                 try:
-                    tokens[name], errors[name] = _greedy(llm, plan[name]), None
+                    tokens[name], errors[name] = _greedy(llm, plan[name], margins=drafter is None), None
                 except Exception as exc:  # recorded as a crash of this scenario
                     tokens[name], errors[name] = None, f"{type(exc).__name__}: {exc}"[:500]
         finally:
@@ -223,10 +229,15 @@ def lossless(target: str, drafters: dict[str, str], device: str = "cpu") -> dict
     engines of ``device`` (:func:`settings`: CUDA graphs on a GPU).
 
     Returns:
-        ``{scenario: {style: {"requests", "identical", "total", "crashes", "error"}}}``: ``total`` the
-        sequences compared, ``crashes`` 1 when the call failed (with speculation or in the baseline).
+        ``{scenario: {style: {"requests", "identical", "total", "crashes", "error", "first_divergence",
+        "divergence_margins"}}}``: ``total`` the sequences compared, ``crashes`` 1 when the call failed (with
+        speculation or in the baseline); for each sequence that differs the token index where it parts from
+        the baseline and the baseline's top-1 minus top-2 logprob there (a near-tie flipped by numerics is a
+        few hundredths; :func:`kimi.bench.gpu_e2e.summary.compare`).
     """
     from transformers import AutoTokenizer
+
+    from kimi.bench.gpu_e2e.summary import compare
 
     plan = lossless_requests(prompts(AutoTokenizer.from_pretrained(target)))
     base, base_errors = _run_all(target, None, plan, device)
@@ -235,9 +246,12 @@ def lossless(target: str, drafters: dict[str, str], device: str = "cpu") -> dict
         spec, errors = _run_all(target, folder, plan, device)
         for name, requests in plan.items():
             a, b = spec[name], base[name]
-            same = sum(x == y for x, y in zip(a, b, strict=True)) if a is not None and b is not None else 0
-            out[name][style] = {"requests": len(requests), "identical": same, "total": len(requests),
-                                "crashes": int(a is None or b is None), "error": errors[name] or base_errors[name]}
+            parts = compare(a["tokens"], b["tokens"], b["margins"]) if a is not None and b is not None else {}
+            out[name][style] = {"requests": len(requests), "identical": parts.get("identical", 0),
+                                "total": len(requests), "crashes": int(a is None or b is None),
+                                "error": errors[name] or base_errors[name],
+                                "first_divergence": parts.get("first_divergence"),
+                                "divergence_margins": parts.get("divergence_margins")}
     return out
 
 
@@ -252,16 +266,21 @@ def write_results(out_dir, result: dict) -> None:
              f"- device: {result['device']}", f"- vLLM: {result['vllm']}",
              f"- drafter_sees_target_embeddings: {result['drafter_sees_target_embeddings']}", "",
              "## Lossless (greedy with EAGLE-3 = without)", "",
-             "| scenario | drafter | requests | identical / total | crashes |", "|---|---|---|---|---|"]
+             ("| scenario | drafter | requests | identical / total | crashes | where they part (token index: "
+              "baseline's top-1 minus top-2 logprob there) |"), "|---|---|---|---|---|---|"]
     for name, styles in result["lossless"].items():
         for style, r in styles.items():
-            lines.append(f"| {name} | {style} | {r['requests']} | {r['identical']} / {r['total']} | {r['crashes']} |")
+            parts = ", ".join(f"{i}: {m}" for i, m in zip(r.get("first_divergence") or [],
+                                                          r.get("divergence_margins") or [], strict=False))
+            lines.append(f"| {name} | {style} | {r['requests']} | {r['identical']} / {r['total']} | {r['crashes']} "
+                         f"| {parts} |")
     lines += ["", "## What the drafter read at image positions", "",
               ("| drafter | scenario | image positions read | equal to the target's | placeholder's | not read "
-               "(cached) |"), "|---|---|---|---|---|---|"]
+               "(cached) | positions not the target's |"), "|---|---|---|---|---|---|---|"]
     for style, runs in result["drafter_inputs"].items():
         for run in runs:
             for name, s in run["scenarios"].items():
                 lines.append(f"| {style} ({run['engine']['model_runner']}) | {name} | {s['image_positions']} | "
-                             f"{s['image_equal']} | {s['image_placeholder']} | {s['image_not_read']} |")
+                             f"{s['image_equal']} | {s['image_placeholder']} | {s['image_not_read']} | "
+                             f"{', '.join(map(str, s.get('image_unequal_at') or []))} |")
     write_lines(out_dir / "multimodal.md", lines)

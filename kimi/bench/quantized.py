@@ -35,7 +35,7 @@ class Variant:
     ``draft`` says otherwise); ``draft``: additions to ``speculative_config`` (the drafter's ``kv_cache_dtype``,
     ``attention_backend``); ``engine``: additions to every engine's ``LLM(...)`` settings; ``engines``: which of
     ``nospec``, ``fork``, ``upstream`` run; ``baseline``: the variant whose ``nospec`` engine this one's greedy
-    output is compared with (default: its own).
+    output is compared with (default: its own); ``environ``: environment variables of its engines' processes.
     """
 
     name: str
@@ -45,6 +45,7 @@ class Variant:
     engine: dict = field(default_factory=dict)
     engines: tuple[str, ...] = ("nospec", "fork", "upstream")
     baseline: str | None = None
+    environ: dict = field(default_factory=dict)
 
     @property
     def reference(self) -> str:
@@ -56,6 +57,12 @@ class Variant:
 #: KV cache, it shows how many sequences batching alone flips; set against that variant's fork, how many speculation
 #: flips beyond that.
 ONE_BY_ONE = {"max_num_seqs": 1, "compilation_config": {"cudagraph_capture_sizes": [1]}}
+#: The block-FP8 targets' engines: the FP8 GEMMs on vLLM's precompiled CUTLASS kernels instead of DeepGEMM. Where
+#: DeepGEMM is installed (the H200 kit) vLLM 0.32.0 prefers it for 128 x 128 blocks and JIT-compiles its kernels
+#: at start (``VLLM_DEEP_GEMM_WARMUP=relax``): 2377 for the widened pair, of which 910 were done after 4 min 19 s
+#: with six FP8 engines starting at once, more than a device call can wait for (quantized H200 run 3,
+#: benchmarks/results/logs/quantized-h200-3).
+NO_DEEP_GEMM = {"VLLM_USE_DEEP_GEMM": "0"}
 
 #: The run's variants, in plan order. Fork against upstream on the three weight layouts and on the bf16 target with
 #: an FP8 KV cache; the FP8 target's KV cache and the drafter's own KV dtype and backend on the fork only (lossless
@@ -63,13 +70,13 @@ ONE_BY_ONE = {"max_num_seqs": 1, "compilation_config": {"cudagraph_capture_sizes
 #: target with each KV cache dtype.
 VARIANTS = (
     Variant("bf16"),
-    Variant("fp8-block", "fp8-block"),
+    Variant("fp8-block", "fp8-block", environ=NO_DEEP_GEMM),
     Variant("int4-experts", "int4-experts"),
     Variant("bf16+kv-fp8", kv_cache_dtype="fp8"),
-    Variant("fp8-block+kv-fp8", "fp8-block", kv_cache_dtype="fp8", engines=("nospec", "fork")),
+    Variant("fp8-block+kv-fp8", "fp8-block", kv_cache_dtype="fp8", engines=("nospec", "fork"), environ=NO_DEEP_GEMM),
     Variant("fp8-block+kv-fp8+drafter-bf16-kv-triton", "fp8-block", kv_cache_dtype="fp8",
             draft={"kv_cache_dtype": "auto", "attention_backend": "TRITON_ATTN"}, engines=("fork",),
-            baseline="fp8-block+kv-fp8"),
+            baseline="fp8-block+kv-fp8", environ=NO_DEEP_GEMM),
     Variant("bf16+one-by-one", engine=ONE_BY_ONE, engines=("nospec",), baseline="bf16"),
     Variant("bf16+kv-fp8+one-by-one", kv_cache_dtype="fp8", engine=ONE_BY_ONE, engines=("nospec",),
             baseline="bf16+kv-fp8"),
@@ -95,10 +102,28 @@ def pick(names: list[str] | None, cpu: bool) -> list[Variant]:
     return [v for v in VARIANTS if v.name in needed] + chosen
 
 
+#: Written into ``--scratch`` after every engine: the call's variants, engine results and targets, which a later
+#: call on the same machine adds its own to (``--merge``).
+RUNS_FILE = "quantized-runs.json"
+
+
+def merged(earlier: dict | None, variants: list[Variant], runs: dict[str, dict]) -> tuple[list[Variant], dict]:
+    """The variants and engine results of a report that adds this call's ``variants`` and ``runs`` to an earlier
+    call's (``earlier``: its :data:`RUNS_FILE`, ``{"variants": [names], "runs": {engine: result}, ...}``, or None):
+    the union of the variants in :data:`VARIANTS` order, and each engine's result, this call's replacing the
+    earlier call's for an engine both ran (a variant run again is measured again)."""
+    if not earlier:
+        return variants, runs
+    current = {v.name for v in variants}
+    kept = {n: r for n, r in earlier["runs"].items() if n.split("/")[0] not in current}
+    return [v for v in VARIANTS if v.name in current | set(earlier["variants"])], {**kept, **runs}
+
+
 def variant_settings(v: Variant) -> dict:
     """What a result records of ``v``: its scheme, KV cache dtype, engine and drafter additions, engines, baseline."""
     return {"scheme": v.scheme or "bf16", "kv_cache_dtype": v.kv_cache_dtype, "engine": v.engine,
-            "drafter_overrides": v.draft, "engines": list(v.engines), "baseline": v.reference}
+            "drafter_overrides": v.draft, "engines": list(v.engines), "baseline": v.reference,
+            "environment": v.environ}
 
 
 def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, common: dict) -> list[dict]:
@@ -107,7 +132,7 @@ def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, comm
     scheme, ``None`` for bf16) and the KV cache dtype in the engine settings of ``common``."""
     jobs = []
     for v in variants:
-        base = {**common, "model": v.name, "target": targets[v.scheme],
+        base = {**common, "model": v.name, "target": targets[v.scheme], "env": v.environ,
                 "engine": {**common["engine"], **v.engine, "kv_cache_dtype": v.kv_cache_dtype}}
         spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": K, **v.draft}
         for engine in v.engines:
@@ -214,6 +239,8 @@ def markdown(result: dict) -> list[str]:
     """``quantized.md``: the settings, one table row per (variant, concurrency), the engines that failed."""
     s = result["settings"]
     lines = [*header("EAGLE-3 on quantized targets (issue 22)", result["command"], result["date"]),
+             *([f"- merged over {len(result['commands'])} calls: " + "; ".join(f"`{c}`" for c in result["commands"])]
+               if len(result.get("commands") or []) > 1 else []),
              f"- hardware: {result['device']}",
              f"- vLLM: fork {result['versions'].get('fork')}, upstream {result['versions'].get('upstream')}",
              (f"- the shipped pair's drafter (trained on the bf16 target), k = {K}, greedy; {s['tokens']} output "
@@ -246,10 +273,11 @@ def markdown(result: dict) -> list[str]:
     if result.get("targets"):
         lines += ["", "Targets:", ""]
         lines += [f"- {scheme}: {info}" for scheme, info in result["targets"].items()]
-    added = {name: v for name, v in (s.get("variants") or {}).items() if isinstance(v, dict) and v.get("engine")}
-    if added:
-        lines += ["", "Engine settings added per variant:", ""]
-        lines += [f"- {name}: {v['engine']}" for name, v in added.items()]
+    for key, title in (("engine", "Engine settings added per variant"), ("environment", "Environment per variant")):
+        added = {name: v[key] for name, v in (s.get("variants") or {}).items() if isinstance(v, dict) and v.get(key)}
+        if added:
+            lines += ["", f"{title}:", ""]
+            lines += [f"- {name}: {value}" for name, value in added.items()]
     return lines
 
 

@@ -37,9 +37,33 @@ def _target(runner):
     return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
 
-def _record(into: list, positions, rows) -> None:
-    """Append CPU copies of ``positions`` [T] and the first T rows of ``rows`` (float32) to ``into``."""
-    into.append((positions.detach().cpu().clone(), rows[: positions.shape[-1]].detach().float().cpu().clone()))
+def _padding(layer, count: int):
+    """``[count]`` bool, True for the rows of this forward pass that write no KV (slot -1: rows a runner pads its
+    batch with, whose positions and inputs are whatever its buffers held), read from vLLM's forward context: the
+    slot mapping of ``layer``'s attention module (``layer_name``). None where the context does not say."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    slots = get_forward_context().slot_mapping
+    if not isinstance(slots, dict):
+        return None
+    for module in layer.modules():
+        mapping = slots.get(getattr(module, "layer_name", None))
+        if mapping is not None and mapping.shape[0] >= count:
+            return mapping[:count] < 0
+    return None
+
+
+def _record(into: list, layer, positions, rows) -> None:
+    """Append CPU copies of ``positions`` [T] and the first T rows of ``rows`` (float32) to ``into``, without the
+    padding rows (:func:`_padding` of ``layer``)."""
+    count = positions.shape[-1]
+    positions, rows = positions[:count], rows[:count]
+    padding = _padding(layer, count)
+    if padding is not None:
+        positions, rows = positions[~padding], rows[~padding]
+    into.append((positions.detach().cpu().clone(), rows.detach().float().cpu().clone()))
 
 
 def _drafter(runner):
@@ -76,10 +100,10 @@ def install(worker) -> dict:
     def on_target(module, args, kwargs):
         names = ("positions", "hidden_states", "residual")
         given = {**dict(zip(names, args, strict=False)), **kwargs}
-        _record(records["target"], given["positions"], given["hidden_states"])
+        _record(records["target"], module, given["positions"], given["hidden_states"])
 
     def on_drafter(module, args, kwargs):
-        _record(records["drafter"], kwargs["positions"], kwargs["embeds"])
+        _record(records["drafter"], module, kwargs["positions"], kwargs["embeds"])
 
     text.layers[text.start_layer].register_forward_pre_hook(on_target, with_kwargs=True)
     drafter.model.layers[0].register_forward_pre_hook(on_drafter, with_kwargs=True)
@@ -130,10 +154,12 @@ def compare(records: dict, prompt_ids: list[int], media_id: int, placeholder_row
         "image_equal": of them, the drafter's row equal to the target's, "image_placeholder": of them, the
         drafter's row equal to the placeholder's embedding, "image_not_read": image positions the drafter never
         read (prefix-cached), "image_target_is_placeholder": image positions where the target's own row was the
-        placeholder's (the test would then prove nothing), "text_positions", "text_equal", "max_image_diff"}``.
+        placeholder's (the test would then prove nothing), "text_positions", "text_equal", "max_image_diff",
+        "image_unequal_at": the positions of the image tokens read where the drafter's row was not the target's,
+        "image_placeholder_at": of them, those where it was the placeholder's}``.
         Each position counts once, with the last row recorded for it: the row left in the KV cache (during a
         chunked prefill the drafter's discarded draft steps run at the next chunk's first positions, whose
-        rows that chunk's pass then writes again).
+        rows that chunk's pass then writes again); padding rows are not recorded (:func:`_record`).
     """
     import torch
 
@@ -142,6 +168,7 @@ def compare(records: dict, prompt_ids: list[int], media_id: int, placeholder_row
     out = dict.fromkeys(("image_positions", "image_equal", "image_placeholder", "image_not_read",
                          "image_target_is_placeholder", "text_positions", "text_equal"), 0)
     out["max_image_diff"] = 0.0
+    out["image_unequal_at"], out["image_placeholder_at"] = [], []
     for read in range(1, len(prompt_ids)):
         mine, theirs = drafter.get(read - 1), target.get(read)
         kind = "image" if prompt_ids[read] == media_id else "text"
@@ -152,7 +179,10 @@ def compare(records: dict, prompt_ids: list[int], media_id: int, placeholder_row
         out[f"{kind}_positions"] += 1
         out[f"{kind}_equal"] += equal
         if kind == "image":
-            out["image_placeholder"] += bool(torch.allclose(mine, placeholder, atol=atol, rtol=0))
+            is_placeholder = bool(torch.allclose(mine, placeholder, atol=atol, rtol=0))
+            out["image_placeholder"] += is_placeholder
+            out["image_unequal_at"] += [] if equal else [read]
+            out["image_placeholder_at"] += [read] if is_placeholder else []
             out["image_target_is_placeholder"] += bool(torch.allclose(theirs, placeholder, atol=atol, rtol=0))
             out["max_image_diff"] = max(out["max_image_diff"], float((mine - theirs).abs().max()))
     return out

@@ -132,7 +132,8 @@ def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[in
 def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str | None = None) -> dict:
     """The worker's environment for ``job``: its vLLM first on ``PYTHONPATH``, its runner and greedy-draft mode,
     and a compile cache (``cache``: a folder name under ``scratch``; default one per vLLM, upstream / fork). The
-    engine always runs in the worker's process (the step timers patch it there)."""
+    engine always runs in the worker's process (the step timers patch it there). The job's own ``env`` (a dict,
+    optional) comes last."""
     upstream = job["variant"].startswith("upstream")
     # upstream's pristine `vllm` shadows the fork's; its dependencies come from the installed site
     sites = (args.upstream_site, args.fork_site) if upstream else (args.fork_site,)
@@ -147,5 +148,6 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     runner = "v1" if check else job["variant"].removeprefix("fork_")
     if runner in HELD_RUNNERS:
         env["VLLM_USE_V2_MODEL_RUNNER"] = HELD_RUNNERS[runner]
+    env.update(job.get("env") or {})
     return env
 
