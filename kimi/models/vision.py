@@ -38,8 +38,8 @@ class VisionRecipe:
     """How the tower is trained (``kimi models train-vision``): seeded, minutes on 2 CPU cores."""
 
     snippets: int = 32
-    continuation: int = 32
-    steps: int = 1000
+    continuation: int = 64
+    steps: int = 2000
     batch: int = 16
     lr: float = 5e-3
     font_size: int = 20
