@@ -5,7 +5,8 @@ Run in the fork's venv (``python3 -m kimi setup``; ``python3 -m kimi models make
     .venv/bin/python benchmarks/multimodal.py [--models DIR] [--styles llama mla] [--device cpu|gpu] [--out DIR]
 
 ``--device`` (default: gpu when torch sees one): on CPU the engines are float32 and eager (vLLM's V1 model runner
-there); on a GPU bfloat16 with vLLM's defaults (V2 model runner, CUDA graphs), the drafter-input checks eager.
+there); on a GPU bfloat16 with vLLM's defaults (V2 model runner, CUDA graphs), the drafter-input checks eager. The
+same for ``--tau``.
 
 For each drafter style beside the reference Kimi-K2.5 wrapper: the rows the drafter read at every image position
 against the target's (a whole prefill, prefix-cache hits ending inside and after the image, a chunked prefill
@@ -13,11 +14,20 @@ splitting it, a chunk ending right before it), then greedy output with EAGLE-3 (
 without speculation (one image, two images in one request, a batch mixing text-only and image requests, an image
 crossing a chunk boundary). Writes ``multimodal.json`` and ``multimodal.md`` to ``--out`` (default
 ``benchmarks/results``). The checks are ``kimi.bench.multimodal``.
+
+``--tau`` measures instead the acceptance on image prompts with the target's image rows passed to the drafter
+against the placeholder's (``kimi.bench.image_acceptance``): the shipped pair's target wrapped with the trained
+vision tower (``models/pair-vision``, assembled as ``kimi models pair-k25`` does) and ``models/pair/drafter``, k = 3,
+each mode in its own process; it adds the section ``image_acceptance`` to the existing results and keeps the rest
+(and a run of the checks keeps an existing ``image_acceptance``)::
+
+    .venv/bin/python benchmarks/multimodal.py --tau [--device cpu|gpu] [--snippets N] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -26,6 +36,7 @@ from pathlib import Path
 from kimi.bench.hardware import describe, device
 from kimi.bench.multimodal import drafter_inputs, lossless, sees_target_embeddings, settings, write_results
 from kimi.bench.results import stamp
+from kimi.cli.options import positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,9 +45,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=ROOT / ".kimi/models/reference")
     parser.add_argument("--styles", nargs="+", choices=("llama", "mla"), default=["llama", "mla"])
-    parser.add_argument("--device", choices=("cpu", "gpu"), default=None)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                        help="cpu (float32, eager) or gpu (bfloat16); default: gpu when torch sees one")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    parser.add_argument("--tau", action="store_true",
+                        help="measure tau on image prompts, fork against upstream (the trained pair-k25 wrapper)")
+    parser.add_argument("--snippets", type=positive_int, default=None,
+                        help="--tau: the first N of the tower's training snippets (default: all)")
     args = parser.parse_args()
+    hardware = device()
+    args.device = args.device or ("gpu" if hardware["cuda"] else "cpu")
+    if args.tau:
+        return tau(args, hardware)
     if not (args.models / "MANIFEST.json").is_file():
         parser.error(f"no reference models in {args.models}: run `python3 -m kimi models make` first")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: its drafter is read
@@ -45,8 +65,7 @@ def main() -> int:
 
     target = str(args.models / "kimi-k25")
     drafters = {style: str(args.models / f"drafter-{style}") for style in args.styles}
-    hardware = device()
-    where = args.device or ("gpu" if hardware["cuda"] else "cpu")
+    where = args.device
     result = {**stamp(sys.argv[0], sys.argv[1:], python="python"), "device": describe(hardware, versions=True),
               "vllm": vllm.__version__, "target": "reference kimi-k25 (random weights, 64 tokens per image)",
               "num_speculative_tokens": 3, "engine": settings(where)}
@@ -56,7 +75,37 @@ def main() -> int:
     result["drafter_inputs"] = inputs
     result["lossless"] = lossless(target, drafters, device=where)
     result["seconds"] = round(time.monotonic() - begin)
-    write_results(args.out, result)
+    kept = earlier(args.out).get("image_acceptance")
+    write_results(args.out, {**result, **({"image_acceptance": kept} if kept else {})})
+    print((args.out / "multimodal.md").read_text())
+    return 0
+
+
+def earlier(out: Path) -> dict:
+    """``out``'s multimodal.json as an earlier run left it ({} when there is none)."""
+    path = out / "multimodal.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def tau(args: argparse.Namespace, hardware: dict) -> int:
+    """``--tau``: the image-acceptance section, merged into ``--out``'s existing multimodal.json."""
+    from kimi.bench.image_acceptance import measure_modes, summary
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, assemble, load_vision
+
+    begin = time.monotonic()
+    work = ROOT / ".kimi/image-acceptance"
+    assemble(work / "pair-k25", SHIPPED_PAIR, SHIPPED_VISION, force=True)
+    texts = load_vision(SHIPPED_VISION)[1]["snippets"][:args.snippets]
+    runs = measure_modes(work / "pair-k25/model", SHIPPED_PAIR / "drafter", SHIPPED_VISION, texts, work,
+                         device=args.device)
+    import vllm
+
+    section = {**stamp(sys.argv[0], sys.argv[1:], python="python"), "device": describe(hardware, versions=True),
+               "vllm": vllm.__version__, "target": "pair-k25: models/pair/target + the trained tower of "
+               "models/pair-vision", "drafter": "models/pair/drafter", "num_speculative_tokens": 3,
+               "snippets": len(texts), **summary(runs), "seconds": round(time.monotonic() - begin)}
+    write_results(args.out, {**earlier(args.out), "image_acceptance": section})
     print((args.out / "multimodal.md").read_text())
     return 0
 

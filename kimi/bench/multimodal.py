@@ -256,12 +256,25 @@ def lossless(target: str, drafters: dict[str, str], device: str = "cpu") -> dict
 
 
 def write_results(out_dir, result: dict) -> None:
-    """``multimodal.json`` and ``multimodal.md`` in ``out_dir`` (atomically)."""
+    """``multimodal.json`` and ``multimodal.md`` in ``out_dir`` (atomically): the checks' sections when ``result``
+    holds them, then the ``image_acceptance`` section (``benchmarks/multimodal.py --tau``) when it holds that."""
     from pathlib import Path
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "multimodal.json", result)
+    lines = _checks_lines(result) if "lossless" in result else ["# Kimi-K2.5 image requests with EAGLE-3 (issue 18)"]
+    if "image_acceptance" in result:
+        from kimi.bench.image_acceptance import markdown
+
+        section = result["image_acceptance"]
+        lines += ["", *markdown(section, section["snippets"]), "", f"- command: `{section['command']}`",
+                  f"- date: {section['date']}", f"- device: {section['device']}", f"- vLLM: {section['vllm']}",
+                  f"- seconds: {section['seconds']}"]
+    write_lines(out_dir / "multimodal.md", lines)
+
+
+def _checks_lines(result: dict) -> list[str]:
     lines = [*header("Kimi-K2.5 image requests with EAGLE-3 (issue 18)", result["command"], result["date"]),
              f"- device: {result['device']}", f"- vLLM: {result['vllm']}",
              f"- drafter_sees_target_embeddings: {result['drafter_sees_target_embeddings']}", "",
@@ -283,4 +296,4 @@ def write_results(out_dir, result: dict) -> None:
                 lines.append(f"| {style} ({run['engine']['model_runner']}) | {name} | {s['image_positions']} | "
                              f"{s['image_equal']} | {s['image_placeholder']} | {s['image_not_read']} | "
                              f"{', '.join(map(str, s.get('image_unequal_at') or []))} |")
-    write_lines(out_dir / "multimodal.md", lines)
+    return lines

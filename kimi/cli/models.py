@@ -1,5 +1,5 @@
-"""``kimi models make|train-target|pick-target|train-pair|quantize|widen``: the reference models, made here, never
-downloaded."""
+"""``kimi models make|train-target|pick-target|train-pair|train-vision|pair-k25|quantize|widen``: the reference
+models, made here, never downloaded."""
 
 from __future__ import annotations
 
@@ -70,6 +70,33 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiny", action="store_true", help="a minute-sized pair for tests (not a useful drafter)")
     add_force(p, "train a pair made with another recipe again (its target too where the target settings differ)")
     p.set_defaults(func=cmd_train_pair)
+    p = cmds.add_parser(
+        "train-vision", help="train a small vision tower that shows the pair's target code lines as images (minutes)",
+        description="Train the Kimi-K2.5 wrapper's vision tower and projector (kimi.models.vision) by distillation "
+                    "through the frozen pair target: an image of a held-in stdlib def line, then a newline, should "
+                    "make the target continue as after the line written out. The encoder blocks stay the "
+                    "identity; the tower memorises a fixed set of snippets. Seeded; writes OUT/vision.safetensors "
+                    "and OUT/MANIFEST.json (recipe, snippets, losses, seconds, sha256) atomically.")
+    p.add_argument("out", nargs="?", type=Path, default=None,
+                   help="folder to write (default: the shipped models/pair-vision)")
+    p.add_argument("--target", type=Path, default=None, metavar="DIR",
+                   help="the frozen target (default: models/pair/target)")
+    p.add_argument("--steps", type=positive_int, default=None, help="optimiser steps (default: the recipe's)")
+    p.add_argument("--snippets", type=positive_int, default=None, help="code lines to train on (default: the recipe's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches (default: %(default)s)")
+    add_force(p, "replace an existing folder")
+    p.set_defaults(func=cmd_train_vision)
+    p = cmds.add_parser(
+        "pair-k25", help="assemble the Kimi-K2.5 wrapper of the pair's target with the trained vision tower",
+        description="Write OUT/model, a KimiK25ForConditionalGeneration checkpoint: the pair target's text weights "
+                    "under language_model. and the trained tower of --vision (placeholder <|media_pad|> = id 2, "
+                    "64 image tokens per 224 x 224 image), and OUT/MANIFEST.json. Serve it with the pair's drafter.")
+    p.add_argument("out", nargs="?", type=Path, default=None, help="folder to write (default: .kimi/models/pair-k25)")
+    p.add_argument("--pair", type=Path, default=None, metavar="DIR", help="the pair (default: models/pair)")
+    p.add_argument("--vision", type=Path, default=None, metavar="DIR",
+                   help="the trained tower (default: models/pair-vision)")
+    add_force(p, "replace an existing folder")
+    p.set_defaults(func=cmd_pair_k25)
     p = cmds.add_parser(
         "quantize", help="a bf16 target rewritten block-FP8 (DeepSeek-V3 / Kimi-K2) or INT4 experts (Kimi-K2.5)",
         description="Rewrite a bf16 DeepSeek-V3-architecture target in a served checkpoint layout: fp8-block "
@@ -150,6 +177,35 @@ def cmd_train_pair(args: argparse.Namespace, layout: Layout) -> int:
 
     train_pair(args.out or layout.private / "models" / "trained", None if args.tiny else PAIR_RECIPES[args.recipe],
                force=args.force, tiny=args.tiny, target_from=args.target)
+    return 0
+
+
+def cmd_train_vision(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi models train-vision [OUT]``: the trained vision tower (kimi.models.vision, kimi.models.pair_k25)."""
+    from dataclasses import replace
+
+    from kimi.fork.fsutil import check_replaceable
+    from kimi.log import sayer
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, write_vision
+    from kimi.models.vision import VisionRecipe, train_vision
+
+    out = args.out or SHIPPED_VISION
+    recipe = replace(VisionRecipe(), seed=args.seed, **({"steps": args.steps} if args.steps else {}),
+                     **({"snippets": args.snippets} if args.snippets else {}))
+    check_replaceable(out, "MANIFEST.json", args.force, keep=(Path.cwd(),))  # before minutes of training
+    tensors, record = train_vision(args.target or SHIPPED_PAIR / "target", recipe, say=sayer("models"))
+    write_vision(out, tensors, record, recipe, force=True)
+    return 0
+
+
+def cmd_pair_k25(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi models pair-k25 [OUT]``: the wrapper of the pair's target with the trained tower."""
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, assemble
+
+    assemble(args.out or layout.private / "models" / "pair-k25", args.pair or SHIPPED_PAIR,
+             args.vision or SHIPPED_VISION, force=args.force)
     return 0
 
 

@@ -226,22 +226,25 @@ def _write_model(folder: Path, config: dict, tensors: dict) -> None:
     os.chmod(folder / "model.safetensors", default_mode())
 
 
-def _write_kimi_k25(folder: Path, spec: ReferenceSpec, text: dict, weights: dict, tokenizer) -> dict:
-    """Write the Kimi-K2.5 wrapper around the target (its config ``text`` and tensors ``weights``).
+def write_kimi_k25(folder: Path, text: dict, text_tensors: dict, vision_tensors: dict, vision: VisionSpec,
+                   tokenizer, max_positions: int) -> dict:
+    """Write a Kimi-K2.5 wrapper (``KimiK25ForConditionalGeneration``) into the new folder ``folder``.
 
-    The vision tower's weights come from ``seed + 3``; the tokenizer is the
-    target's with the image placeholder named (``kimi_k25.media_tokenizer``).
+    Args:
+        text: the text model's config.json (a DeepSeek-V3 dict); ``text_tensors`` its tensors (checkpoint names).
+        vision_tensors: the tower's and projector's tensors (``kimi_k25.vision_weights`` names and shapes).
+        tokenizer: the text model's ``tokenizers.Tokenizer``; written with the image placeholder named
+            (``kimi_k25.media_tokenizer``) and ``max_positions`` as its length.
 
     Returns:
         The manifest's ``kimi_k25`` entry: architecture, placeholder id and token.
     """
     renamed, media_id = kimi_k25.media_tokenizer(tokenizer)
-    vision = kimi_k25.vision_weights(_Weights(spec.seed + 3), spec.vision, spec.hidden)
-    _write_model(folder, kimi_k25.wrapper_config(text, spec.vision, media_id),
-                 {**kimi_k25.text_weights(weights), **vision})
-    preprocessor = kimi_k25.preprocessor_config(spec.vision)
+    _write_model(folder, kimi_k25.wrapper_config(text, vision, media_id),
+                 {**kimi_k25.text_weights(text_tensors), **vision_tensors})
+    preprocessor = kimi_k25.preprocessor_config(vision)
     write_atomic(folder / "preprocessor_config.json", json.dumps(preprocessor, indent=2) + "\n")
-    save_tokenizer(renamed, folder, spec.max_positions, pad_token=SPECIAL_TOKENS[1])
+    save_tokenizer(renamed, folder, max_positions, pad_token=SPECIAL_TOKENS[1])
     return {"architecture": kimi_k25.ARCHITECTURE, "media_placeholder_token_id": media_id,
             "media_placeholder_token": kimi_k25.MEDIA_TOKEN,
             "note": f"the target's tokenizer with {kimi_k25.REPLACED_TOKEN} renamed {kimi_k25.MEDIA_TOKEN} "
@@ -282,7 +285,9 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
         text, weights = target_config(spec, bos, eos), target_weights(spec)
         _write_model(staging / "target", text, weights)
         save_tokenizer(tokenizer, staging / "target", spec.max_positions)
-        wrapper = _write_kimi_k25(staging / "kimi-k25", spec, text, weights, tokenizer)
+        vision = kimi_k25.vision_weights(_Weights(spec.seed + 3), spec.vision, spec.hidden)  # a random tower
+        wrapper = write_kimi_k25(staging / "kimi-k25", text, weights, vision, spec.vision, tokenizer,
+                                 spec.max_positions)
         for name, make in (("drafter-llama", llama_drafter), ("drafter-mla", mla_drafter)):
             _write_model(staging / name, *make(spec, ids, d2t, t2d))
         manifest = {

@@ -1,0 +1,127 @@
+"""Issue 18, item 3: the trained vision tower of ``pair-k25`` and τ on image prompts, fork against upstream.
+
+Fast (torch, safetensors, PIL; skipped without them): the tower's tensors have the names and shapes of the
+wrapper's checkpoint, the shipped tower is the one its manifest names, rendering and patching. Install (the
+fork's vLLM on CPU, two engine processes of about a minute each on 2 cores): the served wrapper's image rows are
+the torch reproduction's, its image output follows the image (not the blank), and the τ counters are consistent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_trained_tensors_have_the_checkpoint_names_and_shapes() -> None:
+    torch = pytest.importorskip("torch")
+    from kimi.models import kimi_k25
+    from kimi.models.kimi_k25 import VisionSpec
+    from kimi.models.vision import identity_blocks, initial_tensors
+
+    class Random:  # the reference writer's weight source, shapes only
+        def __init__(self):
+            self.torch = torch
+
+        def matrix(self, rows, cols):
+            return torch.zeros(rows, cols, dtype=torch.bfloat16)
+
+        def norm(self, n):
+            return torch.ones(n, dtype=torch.bfloat16)
+
+    vision = VisionSpec()
+    reference = kimi_k25.vision_weights(Random(), vision, 192)
+    trained = {**initial_tensors(vision, 192, seed=0), **identity_blocks(vision)}
+    assert {k: tuple(v.shape) for k, v in trained.items()} == {k: tuple(v.shape) for k, v in reference.items()}
+
+
+def test_identity_blocks_return_their_input() -> None:
+    """Zero ``wo`` and ``mlp.fc1``: a MoonViT block (pre-norm attention and MLP, each added to its input)
+    adds nothing, whatever its attention computes."""
+    torch = pytest.importorskip("torch")
+    from kimi.models.kimi_k25 import VisionSpec
+    from kimi.models.vision import identity_blocks
+
+    t = {k: v.float() for k, v in identity_blocks(VisionSpec()).items()}
+    x = torch.randn(10, 64)
+    p = "vision_tower.encoder.blocks.0."
+    attn = torch.randn(10, 64) @ t[p + "wo.weight"].T + t[p + "wo.bias"]
+    mlp = torch.randn(10, 128) @ t[p + "mlp.fc1.weight"].T + t[p + "mlp.fc1.bias"]
+    assert torch.equal(x + attn + mlp, x)
+
+
+def test_render_and_patches() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("PIL")
+    from kimi.models.vision import patches, render
+
+    blank, text = patches([render(""), render("def f(x):")])
+    assert blank.shape == (256, 3 * 14 * 14)
+    assert bool((blank == 1.0).all())  # white, scaled to [-1, 1]
+    assert float(text.min()) < 0 and int((text != 1.0).any(-1).sum()) > 4  # dark pixels in several patches
+    assert bool((text[-16:] == 1.0).all())  # the last row of patches is empty: one short line at the top
+    with pytest.raises(ValueError):
+        patches([render("x").resize((100, 100))])
+
+
+def test_shipped_tower_matches_its_manifest(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    pytest.importorskip("torch")
+    from kimi.errors import KimiError
+    from kimi.models.pair_k25 import SHIPPED_VISION, WEIGHTS, load_vision
+
+    tensors, manifest = load_vision(SHIPPED_VISION)
+    assert len(manifest["snippets"]) == manifest["recipe"]["snippets"]
+    assert manifest["top1"] > manifest["top1_blank"]  # the image carries the line, by the training record
+    assert all(str(v.dtype) == "torch.bfloat16" for v in tensors.values())
+    broken = tmp_path / "vision"
+    broken.mkdir()
+    (broken / "MANIFEST.json").write_text((SHIPPED_VISION / "MANIFEST.json").read_text())
+    (broken / WEIGHTS).write_bytes((SHIPPED_VISION / WEIGHTS).read_bytes()[:-1] + b"\0")
+    with pytest.raises(KimiError, match="not the file"):
+        load_vision(broken)
+
+
+@pytest.mark.install
+def test_served_image_rows_output_and_counters(tmp_path: Path) -> None:
+    """vLLM's image rows = the torch reproduction; the image output follows the line; τ counters consistent."""
+    from kimi.bench.image_acceptance import measure_modes, summary
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, assemble, load_vision
+
+    assemble(tmp_path / "pair-k25", SHIPPED_PAIR, SHIPPED_VISION)
+    texts = load_vision(SHIPPED_VISION)[1]["snippets"][:4]
+    runs = measure_modes(tmp_path / "pair-k25/model", SHIPPED_PAIR / "drafter", SHIPPED_VISION, texts, tmp_path,
+                         modes=("fork", "baseline"))
+    s = summary(runs)
+    assert s["rows_check"]["positions"] == 64 and s["rows_check"]["max_abs_diff"] < 1e-4, s["rows_check"]
+    follows = s["image_follows_text"]
+    # the image steers the target into the line's continuation for many tokens; the blank image does not
+    assert follows["image"]["mean_common_prefix"] >= 16 > 4 >= follows["blank"]["mean_common_prefix"], follows
+    for name, r in s["modes"]["fork"].items():
+        c = r["counters"]
+        assert c["num_drafts"] > 0 and c["num_draft_tokens"] == 3 * c["num_drafts"], (name, c)
+        assert 0 <= c["num_accepted_tokens"] <= c["num_draft_tokens"], (name, c)
+        assert r["lossless"]["identical"] == r["lossless"]["total"] == 4, (name, r)
+
+
+def test_recorded_image_acceptance_is_consistent() -> None:
+    """benchmarks/results/multimodal.json's image_acceptance, when recorded: both modes, consistent counters,
+    lossless, and the other sections kept."""
+    path = ROOT / "benchmarks/results/multimodal.json"
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    if "image_acceptance" not in result:
+        pytest.skip("no image_acceptance recorded yet: run benchmarks/multimodal.py --tau")
+    section = result["image_acceptance"]
+    assert "lossless" in result and "drafter_inputs" in result  # the checks' sections are kept
+    assert set(section["modes"]) == {"fork", "upstream"}
+    for mode in section["modes"].values():
+        for r in mode.values():
+            c = r["counters"]
+            assert 0 <= c["num_accepted_tokens"] <= c["num_draft_tokens"]
+            assert r["tau"] == pytest.approx(1 + c["num_accepted_tokens"] / c["num_drafts"], abs=1e-3)
+            assert r["lossless"]["identical"] == r["lossless"]["total"] == section["snippets"]
+    assert section["rows_check"]["max_abs_diff"] < 1e-4
