@@ -37,6 +37,7 @@ from kimi.bench.hardware import describe, device
 from kimi.bench.multimodal import drafter_inputs, lossless, sees_target_embeddings, settings, write_results
 from kimi.bench.results import stamp
 from kimi.cli.options import positive_int
+from kimi.errors import KimiError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,10 +56,20 @@ def main() -> int:
     args = parser.parse_args()
     hardware = device()
     args.device = args.device or ("gpu" if hardware["cuda"] else "cpu")
+    if args.device == "gpu" and not hardware["cuda"]:
+        parser.error("--device gpu: torch sees no GPU here; leave --device out or pass --device cpu")
+    try:
+        args.earlier = earlier(args.out)  # before minutes of engines: a bad --out fails now
+    except KimiError as exc:
+        parser.error(str(exc))
     if args.tau:
-        return tau(args, hardware)
-    if not (args.models / "MANIFEST.json").is_file():
-        parser.error(f"no reference models in {args.models}: run `python3 -m kimi models make` first")
+        try:
+            return tau(args, hardware)
+        except KimiError as exc:
+            parser.exit(2, f"error: {exc}\n")
+    if not (args.models / "kimi-k25" / "config.json").is_file():
+        parser.error(f"no reference models in {args.models} (no kimi-k25/config.json): run "
+                     "`python3 -m kimi models make` first")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: its drafter is read
     begin = time.monotonic()
     import vllm
@@ -75,16 +86,34 @@ def main() -> int:
     result["drafter_inputs"] = inputs
     result["lossless"] = lossless(target, drafters, device=where)
     result["seconds"] = round(time.monotonic() - begin)
-    kept = earlier(args.out).get("image_acceptance")
+    kept = args.earlier.get("image_acceptance")
     write_results(args.out, {**result, **({"image_acceptance": kept} if kept else {})})
     print((args.out / "multimodal.md").read_text())
     return 0
 
 
 def earlier(out: Path) -> dict:
-    """``out``'s multimodal.json as an earlier run left it ({} when there is none)."""
+    """``out``'s multimodal.json as an earlier run left it ({} when there is none), after making ``out``.
+
+    Raises:
+        KimiError: ``out`` cannot be made or written in, or its multimodal.json is not a JSON object.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KimiError(f"--out {out}: cannot make it ({exc.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise KimiError(f"--out {out}: this user cannot write in it")
     path = out / "multimodal.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise KimiError(f"{path} is not valid JSON ({exc}): move it away or pass another --out") from None
+    if not isinstance(data, dict):
+        raise KimiError(f"{path} is not a JSON object: move it away or pass another --out")
+    return data
 
 
 def tau(args: argparse.Namespace, hardware: dict) -> int:
@@ -105,7 +134,7 @@ def tau(args: argparse.Namespace, hardware: dict) -> int:
                "vllm": vllm.__version__, "target": "pair-k25: models/pair/target + the trained tower of "
                "models/pair-vision", "drafter": "models/pair/drafter", "num_speculative_tokens": 3,
                "snippets": len(texts), **summary(runs), "seconds": round(time.monotonic() - begin)}
-    write_results(args.out, {**earlier(args.out), "image_acceptance": section})
+    write_results(args.out, {**args.earlier, "image_acceptance": section})
     print((args.out / "multimodal.md").read_text())
     return 0
 

@@ -29,7 +29,6 @@ runs neither quantized layout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,6 +42,7 @@ from kimi.bench.perf.plan import add_side_by_side_options
 from kimi.bench.quantized import (
     RUNS_FILE,
     controls,
+    earlier_call,
     failures,
     jobs_of,
     markdown,
@@ -119,12 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         variants = pick(args.variants, args.cpu_smoke)
     except ValueError as exc:
         cli.error(str(exc))
+    runs_file = args.scratch / RUNS_FILE
+    measured = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps, "rounds": args.rounds,
+                "cpu_smoke": args.cpu_smoke, "pair": str(args.pair)}
+    try:
+        earlier = earlier_call(runs_file, measured) if args.merge else None
+    except ValueError as exc:
+        cli.error(f"--merge: {exc}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
-    runs_file = args.scratch / RUNS_FILE
-    if args.merge and not runs_file.is_file():
-        cli.error(f"--merge: no earlier call's results in {runs_file}")
-    earlier = json.loads(runs_file.read_text()) if args.merge else None
     args.fork_greedy = "auto"  # kimi.bench.perf.plan.variant_env: the fork as it runs by default
     from kimi.e2e.prompts import code_prompt_ids
     from kimi.models.widen import widen_pair
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                           if k not in ("by_concurrency",)} for j in shown_jobs},
                   "seconds": round(time.monotonic() - started, 1)}
         write_json(runs_file, {"variants": [v.name for v in shown], "runs": engines, "targets": paths,
-                               "commands": commands})
+                               "commands": commands, "measured": measured})
         write_json(args.out / "quantized.json", result)
         write_lines(args.out / "quantized.md", markdown(result))
         if job is not None:

@@ -125,3 +125,66 @@ def test_recorded_image_acceptance_is_consistent() -> None:
             assert r["tau"] == pytest.approx(1 + c["num_accepted_tokens"] / c["num_drafts"], abs=1e-3)
             assert r["lossless"]["identical"] == r["lossless"]["total"] == section["snippets"]
     assert section["rows_check"]["max_abs_diff"] < 1e-4
+
+
+# --- bad input: refused before any training or weight load ---------------------------------------------------
+
+def test_outputs_never_replace_an_input_or_another_commands_folder(tmp_path: Path) -> None:
+    """`--force` replaces an earlier output of the same command only: never the pair, the tower or the target it
+    reads (nor a folder inside them), never a folder whose MANIFEST.json another command wrote."""
+    from kimi.errors import KimiError
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, WRAPPER_KEYS, check_output
+
+    inputs = (SHIPPED_PAIR, SHIPPED_VISION)
+    for out, why in ((SHIPPED_PAIR, "is an input"), (SHIPPED_PAIR / "target", "lies inside"),
+                     (SHIPPED_VISION, "is an input"),
+                     (SHIPPED_PAIR / "new", "lies inside"), (SHIPPED_PAIR.parent, "holds")):
+        with pytest.raises(KimiError, match=why):
+            check_output(out, True, WRAPPER_KEYS, inputs)
+    with pytest.raises(KimiError, match="holds"):  # train-vision into the pair whose target it reads
+        check_output(SHIPPED_PAIR, True, VISION_KEYS, (SHIPPED_PAIR / "target",))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "MANIFEST.json").write_text(json.dumps({"recipe": {}, "files": {}}))  # like the pair's own
+    with pytest.raises(KimiError, match="another command's output"):
+        check_output(other, True, VISION_KEYS, ())
+    (other / "MANIFEST.json").write_text("{")
+    with pytest.raises(KimiError, match="not a readable JSON manifest"):
+        check_output(other, True, VISION_KEYS, ())
+    (other / "MANIFEST.json").write_text(json.dumps({"recipe": {}, "vision": {}}))
+    check_output(other, True, VISION_KEYS, ())  # an earlier tower: replaced
+    with pytest.raises(KimiError, match="pass --force"):
+        check_output(other, False, VISION_KEYS, ())
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(KimiError, match="not a folder this user can write in"):
+        check_output(blocker / "sub" / "out", False, VISION_KEYS, ())
+
+
+def test_train_vision_refuses_what_is_not_a_target_before_loading() -> None:
+    from kimi.errors import KimiError
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.vision import check_target
+
+    check_target(SHIPPED_PAIR / "target")
+    for folder, why in ((SHIPPED_PAIR, "no config.json"), (SHIPPED_PAIR / "drafter", "no tokenizer.json"),
+                        (Path("/nonexistent/target"), "no config.json")):
+        with pytest.raises(KimiError, match=why):
+            check_target(folder)
+
+
+def test_a_tower_for_another_width_is_refused(tmp_path: Path) -> None:
+    """A pair widened to hidden 768 (kimi models widen) cannot take the shipped tower, whose rows are 192 wide."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("torch")
+    pytest.importorskip("tokenizers")
+    from kimi.errors import KimiError
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, assemble
+    from kimi.models.widen import widen_pair
+
+    widen_pair(SHIPPED_PAIR, tmp_path / "wide")
+    with pytest.raises(KimiError, match="writes 192-wide image rows, the target .* reads 768-wide"):
+        assemble(tmp_path / "out", tmp_path / "wide", SHIPPED_VISION)
+    assert not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@ from kimi.bench.quantized import (
     VARIANTS,
     K,
     controls,
+    earlier_call,
     failures,
     jobs_of,
     markdown,
@@ -191,3 +192,29 @@ def test_a_merged_report_shows_both_calls_and_a_variant_run_again_replaces_its_e
                                "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {}, "variants": {}},
                                "totals": {}, "rows": [], "failures": {}, "targets": {}}))
     assert "- merged over 2 calls: `a`; `b`" in text
+
+
+def test_merge_refuses_a_missing_broken_or_differently_measured_earlier_call(tmp_path) -> None:
+    import json
+
+    measured = {"concurrency": [1, 16], "tokens": 128, "reps": 1, "rounds": 3, "cpu_smoke": False, "pair": "p"}
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    path = tmp_path / "quantized-runs.json"
+    with pytest.raises(ValueError, match="no earlier call's results"):
+        earlier_call(path, measured)
+    path.write_text('{"variants": [')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        earlier_call(path, measured)
+    path.write_text('{"foo": 1}')
+    with pytest.raises(ValueError, match="not a runs file"):
+        earlier_call(path, measured)
+    good = {"variants": ["bf16"], "runs": {}, "targets": {"bf16": str(target)}, "measured": measured}
+    path.write_text(json.dumps(good))
+    assert earlier_call(path, measured) == good
+    with pytest.raises(ValueError, match="measured with .*'tokens': 128.* this one with .*'tokens': 8"):
+        earlier_call(path, {**measured, "tokens": 8})
+    path.write_text(json.dumps({**good, "targets": {"bf16": str(tmp_path / "gone")}}))
+    with pytest.raises(ValueError, match="targets are gone"):
+        earlier_call(path, measured)

@@ -107,6 +107,37 @@ def pick(names: list[str] | None, cpu: bool) -> list[Variant]:
 RUNS_FILE = "quantized-runs.json"
 
 
+def earlier_call(path, measured: dict) -> dict:
+    """The :data:`RUNS_FILE` at ``path`` that an earlier call left, checked before this call runs anything.
+
+    ``measured``: this call's measurement settings (concurrency, tokens, rounds, ...); the earlier call's must be
+    the same, or the merged report would show its rows under settings it did not run with.
+
+    Raises:
+        ValueError: no such file, not the runs file of a call of ``benchmarks/quantized.py``, or other settings.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no earlier call's results in {path}")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); run without --merge") from None
+    if not isinstance(data, dict) or not isinstance(data.get("variants"), list) or not isinstance(
+            data.get("runs"), dict) or not isinstance(data.get("targets"), dict):
+        raise ValueError(f"{path} is not a runs file of benchmarks/quantized.py; run without --merge")
+    if data.get("measured") != measured:
+        raise ValueError(f"the earlier call measured with {data.get('measured')}, this one with {measured}: "
+                         "give both calls the same settings")
+    missing = [p for p in data["targets"].values() if not (Path(p) / "config.json").is_file()]
+    if missing:
+        raise ValueError(f"the earlier call's targets are gone ({', '.join(missing)}); run without --merge")
+    return data
+
+
 def merged(earlier: dict | None, variants: list[Variant], runs: dict[str, dict]) -> tuple[list[Variant], dict]:
     """The variants and engine results of a report that adds this call's ``variants`` and ``runs`` to an earlier
     call's (``earlier``: its :data:`RUNS_FILE`, ``{"variants": [names], "runs": {engine: result}, ...}``, or None):

@@ -22,8 +22,10 @@ Needs torch, numpy and Pillow (imported when called); training also needs transf
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from kimi.models.kimi_k25 import MEDIA_TOKEN, VisionSpec
 
@@ -73,7 +75,8 @@ def snippets(count: int, min_chars: int = 16, max_chars: int = 60) -> list[str]:
                 break
         if len(found) == count:
             return found
-    raise KimiError(f"found {len(found)} def lines in the stdlib corpus, {count} wanted")
+    raise KimiError(f"the stdlib corpus holds {len(found)} def lines of {min_chars}-{max_chars} characters, "
+                    f"{count} wanted: pass --snippets {len(found)} or fewer")
 
 
 def render(text: str, font_size: int = VisionRecipe.font_size):
@@ -231,6 +234,29 @@ def kl(teacher, student):
     return (teacher.exp() * (teacher - student)).sum(-1).mean()
 
 
+def check_target(folder: Path) -> None:
+    """Refuse a ``--target`` that is not a DeepSeek-V3 target folder, before any weight loads.
+
+    Raises:
+        KimiError: no such folder, no config.json / tokenizer.json / model.safetensors in it, or a config of
+            another architecture (a drafter's, a pair's top folder).
+    """
+    from kimi.errors import KimiError
+
+    folder = Path(folder)
+    missing = [n for n in ("config.json", "tokenizer.json", "model.safetensors") if not (folder / n).is_file()]
+    if missing:
+        raise KimiError(f"{folder} is not a target folder (no {', '.join(missing)} there): pass the target of a "
+                        "pair, for example models/pair/target")
+    try:
+        architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError) as exc:
+        raise KimiError(f"{folder}/config.json is not a readable config ({exc})") from None
+    if "DeepseekV3ForCausalLM" not in architectures:
+        raise KimiError(f"{folder} holds {architectures or 'no architecture'}, not a DeepseekV3ForCausalLM target: "
+                        "pass the target of a pair, for example models/pair/target")
+
+
 def train_vision(target_dir, recipe: VisionRecipe = RECIPE, vision: VisionSpec = VISION,
                  say=print) -> tuple[dict, dict]:
     """Train the tower and projector against the frozen target in ``target_dir`` (a DeepSeek-V3 folder).
@@ -240,10 +266,16 @@ def train_vision(target_dir, recipe: VisionRecipe = RECIPE, vision: VisionSpec =
         blocks included), and ``{"snippets", "losses": [[step, kl]], "top1": the share of continuation
         positions where the image prompt's argmax is the teacher's token (bf16 weights), "kl_final",
         "kl_blank": KL with a blank image, "seconds"}``.
+
+    Raises:
+        KimiError: ``target_dir`` is not a target (:func:`check_target`), or the corpus holds fewer snippets than
+            the recipe wants; both before the weights load.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_target(target_dir)
+    texts = snippets(recipe.snippets)  # before the weights load: too many fails in a second
     began = time.monotonic()
     torch.manual_seed(recipe.seed)
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
@@ -251,7 +283,6 @@ def train_vision(target_dir, recipe: VisionRecipe = RECIPE, vision: VisionSpec =
         param.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     media_id = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)  # <|pad|>: <|media_pad|> in the wrapper
-    texts = snippets(recipe.snippets)
     prompt = tokenizer(IMAGE_PROMPT.replace(MEDIA_TOKEN, tokenizer.pad_token)).input_ids
     batch = teacher_batch(target, tokenizer, texts, prompt, recipe)
     say(f"teacher: {len(texts)} snippets, {recipe.continuation}-token continuations ({time.monotonic() - began:.0f} s)")
