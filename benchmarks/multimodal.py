@@ -27,7 +27,6 @@ each mode in its own process; it adds the section ``image_acceptance`` to the ex
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ from kimi.bench.multimodal import drafter_inputs, lossless, sees_target_embeddin
 from kimi.bench.results import stamp
 from kimi.cli.options import positive_int
 from kimi.errors import KimiError
+from kimi.fork.fsutil import read_json_object
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,16 +104,10 @@ def earlier(out: Path) -> dict:
         raise KimiError(f"--out {out}: cannot make it ({exc.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise KimiError(f"--out {out}: this user cannot write in it")
-    path = out / "multimodal.json"
-    if not path.is_file():
-        return {}
     try:
-        data = json.loads(path.read_text())
+        return read_json_object(out / "multimodal.json") or {}
     except ValueError as exc:
-        raise KimiError(f"{path} is not valid JSON ({exc}): move it away or pass another --out") from None
-    if not isinstance(data, dict):
-        raise KimiError(f"{path} is not a JSON object: move it away or pass another --out")
-    return data
+        raise KimiError(f"{exc}: move it away or pass another --out") from None
 
 
 def tau(args: argparse.Namespace, hardware: dict) -> int:

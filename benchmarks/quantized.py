@@ -143,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     paths = {**(earlier or {}).get("targets", {}), **{scheme or "bf16": path for scheme, path in targets.items()}}
     info = {scheme: f"{path} ({quantization_of(Path(path))})" for scheme, path in paths.items()}
     commands = [*(earlier or {}).get("commands", []), made["command"]]
+    shown = merged(earlier, variants, {})[0]  # both calls' variants: the engines of the report
+    shown_jobs = jobs_of(shown, {None if s == "bf16" else s: p for s, p in paths.items()}, str(args.wide / "drafter"),
+                         common)
 
     def report(job: dict | None = None) -> None:
-        shown, engines = merged(earlier, variants, runs)
-        shown_jobs = jobs_of(shown, {None if s == "bf16" else s: p for s, p in paths.items()},
-                             str(args.wide / "drafter"), common)
+        engines = merged(earlier, variants, runs)[1]
         done = [r for r in engines.values() if r.get("status") == "done"]
         table = rows(shown, engines)
         result = {"device": describe(done[0]["device"], versions=True) if done else None, **made,

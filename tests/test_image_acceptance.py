@@ -133,8 +133,12 @@ def test_outputs_never_replace_an_input_or_another_commands_folder(tmp_path: Pat
     """`--force` replaces an earlier output of the same command only: never the pair, the tower or the target it
     reads (nor a folder inside them), never a folder whose MANIFEST.json another command wrote."""
     from kimi.errors import KimiError
+    from kimi.fork.fsutil import check_replaceable
     from kimi.models import SHIPPED_PAIR
-    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, WRAPPER_KEYS, check_output
+    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, WRAPPER_KEYS
+
+    def check_output(out: Path, force: bool, keys: tuple[str, ...], inputs: tuple[Path, ...]) -> None:
+        check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), inputs=inputs, marker_keys=keys)
 
     inputs = (SHIPPED_PAIR, SHIPPED_VISION)
     for out, why in ((SHIPPED_PAIR, "is an input"), (SHIPPED_PAIR / "target", "lies inside"),

@@ -114,7 +114,7 @@ for name, spec in (("base", None), ("eagle3", {"method": "eagle3", "model": draf
         out[name] = mm._greedy(llm, requests, margins=False)["tokens"]
     except Exception as exc:
         out[name] = f"{type(exc).__name__}: {exc}"[:300]
-    mm._close(llm)
+    mm.close_engine(llm)
 print("RESULT " + json.dumps(out))
 """
 

@@ -52,18 +52,6 @@ def requests(texts: list[str]) -> dict[str, list[dict]]:
             "blank": [image("") for _ in texts]}
 
 
-def _counters(llm) -> dict:
-    from kimi.e2e.engine import spec_metrics
-
-    return spec_metrics(llm.get_metrics())
-
-
-def _delta(after: dict, before: dict) -> dict:
-    now = after["accepted_per_pos"]
-    per_pos = [a - b for a, b in zip(now, (before["accepted_per_pos"] + [0.0] * len(now))[:len(now)], strict=True)]
-    return {**{k: after[k] - before[k] for k in after if k != "accepted_per_pos"}, "accepted_per_pos": per_pos}
-
-
 def rows_check(llm, tensors: dict, text: str) -> dict:
     """vLLM's image rows for one image of ``text`` (the target's first decoder layer input at the image
     positions, :mod:`kimi.e2e.draft_inputs`) against :func:`kimi.models.vision.image_rows` (float32).
@@ -102,10 +90,10 @@ def measure(mode: str, wrapper: str, drafter: str, texts: list[str], device: str
     Raises:
         ValueError: an unknown mode or device.
     """
-    import gc
-
     from vllm import LLM, SamplingParams
 
+    from kimi.bench.multimodal import close_engine
+    from kimi.e2e.engine import spec_metrics, spec_metrics_since
     from kimi.train.acceptance import summarize
 
     if mode not in MODES or device not in ENGINES:
@@ -116,20 +104,18 @@ def measure(mode: str, wrapper: str, drafter: str, texts: list[str], device: str
     out: dict = {"mode": mode, "sets": {}}
     try:
         for name, batch in requests(texts).items():
-            before = _counters(llm)
+            before = spec_metrics(llm.get_metrics())
             done = llm.generate(batch, params, use_tqdm=False)
             result = {"tokens": [list(o.outputs[0].token_ids) for o in done]}
             if spec:
-                result.update(summarize(_delta(_counters(llm), before), K))
+                result.update(summarize(spec_metrics_since(spec_metrics(llm.get_metrics()), before), K))
             out["sets"][name] = result
         if mode == "fork" and vision:
             from kimi.models.pair_k25 import load_vision
 
             out["rows"] = rows_check(llm, load_vision(Path(vision))[0], texts[0])
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+        close_engine(llm)
     return out
 
 
@@ -160,21 +146,19 @@ def measure_modes(wrapper: Path, drafter: Path, vision: Path, texts: list[str], 
     return results
 
 
-def _identical(a: list[list[int]], b: list[list[int]]) -> int:
-    return sum(x == y for x, y in zip(a, b, strict=True))
-
-
 def summary(results: dict[str, dict]) -> dict:
     """The numbers of a :func:`measure_modes` run: τ per mode and set, lossless counts per mode and set (greedy
     with EAGLE-3 = the baseline's), and whether the target's image output follows the image: how many image
     prompts (and blank prompts) give the text prompt's output (baseline), and the mean common prefix."""
+    from kimi.bench.gpu_e2e.summary import compare
+
     base = results["baseline"]["sets"]
 
     def common(a, b):
         return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
     n = len(base["text"]["tokens"])
-    follows = {name: {"identical": _identical(base[name]["tokens"], base["text"]["tokens"]), "total": n,
+    follows = {name: {"identical": compare(base[name]["tokens"], base["text"]["tokens"])["identical"], "total": n,
                       "mean_common_prefix": sum(map(common, base[name]["tokens"], base["text"]["tokens"])) / n}
                for name in ("image", "blank")}
     out: dict = {"image_follows_text": follows, "modes": {}}
@@ -185,7 +169,7 @@ def summary(results: dict[str, dict]) -> dict:
         out["modes"][mode] = {name: {"tau": round(s["tau"], 4), "per_position": [round(p, 4) for p in
                                                                                   s["per_position"]],
                                      "counters": s["counters"],
-                                     "lossless": {"identical": _identical(s["tokens"], base[name]["tokens"]),
+                                     "lossless": {"identical": compare(s["tokens"], base[name]["tokens"])["identical"],
                                                   "total": len(s["tokens"])}}
                               for name, s in sets.items()}
         if "rows" in results[mode]:

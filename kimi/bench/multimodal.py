@@ -112,7 +112,7 @@ def settings(device: str, chunked: bool = False, eager: bool = False) -> dict:
     return {**base, **(CHUNK if chunked else {})}
 
 
-def _close(llm) -> None:
+def close_engine(llm) -> None:
     """Shut the in-process engine down and free what it held, so that the next engine of the process starts
     clean (on a GPU: its memory and vLLM's distributed state)."""
     from vllm.distributed import cleanup_dist_env_and_memory
@@ -161,7 +161,7 @@ def drafter_inputs(target: str, drafter: str, chunked: bool = False, device: str
             result = draft_inputs.compare(records, ids, media_id, row)
             out["scenarios"][name] = {"prompt_tokens": len(ids), "image_tokens": ids.count(media_id), **result}
     finally:
-        _close(llm)
+        close_engine(llm)
     return out
 
 
@@ -220,7 +220,7 @@ def _run_all(target: str, drafter: str | None, plan: dict[str, list[dict]], devi
                 except Exception as exc:  # recorded as a crash of this scenario
                     tokens[name], errors[name] = None, f"{type(exc).__name__}: {exc}"[:500]
         finally:
-            _close(llm)
+            close_engine(llm)
     return tokens, errors
 
 

@@ -116,18 +116,19 @@ def earlier_call(path, measured: dict) -> dict:
     Raises:
         ValueError: no such file, not the runs file of a call of ``benchmarks/quantized.py``, or other settings.
     """
-    import json
     from pathlib import Path
 
+    from kimi.fork.fsutil import read_json_object
+
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no earlier call's results in {path}")
     try:
-        data = json.loads(path.read_text())
+        data = read_json_object(path)
     except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); run without --merge") from None
-    if not isinstance(data, dict) or not isinstance(data.get("variants"), list) or not isinstance(
-            data.get("runs"), dict) or not isinstance(data.get("targets"), dict):
+        raise ValueError(f"{exc}; run without --merge") from None
+    if data is None:
+        raise ValueError(f"no earlier call's results in {path}")
+    if not isinstance(data.get("variants"), list) or not isinstance(data.get("runs"), dict) or not isinstance(
+            data.get("targets"), dict):
         raise ValueError(f"{path} is not a runs file of benchmarks/quantized.py; run without --merge")
     if data.get("measured") != measured:
         raise ValueError(f"the earlier call measured with {data.get('measured')}, this one with {measured}: "

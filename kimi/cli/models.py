@@ -184,9 +184,10 @@ def cmd_train_vision(args: argparse.Namespace, layout: Layout) -> int:
     """``kimi models train-vision [OUT]``: the trained vision tower (kimi.models.vision, kimi.models.pair_k25)."""
     from dataclasses import replace
 
+    from kimi.fork.fsutil import check_replaceable
     from kimi.log import sayer
     from kimi.models import SHIPPED_PAIR
-    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, check_output, write_vision
+    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, write_vision
     from kimi.models.vision import VisionRecipe, check_target, train_vision
 
     out = args.out or SHIPPED_VISION
@@ -194,7 +195,8 @@ def cmd_train_vision(args: argparse.Namespace, layout: Layout) -> int:
     recipe = replace(VisionRecipe(), seed=args.seed, **({"steps": args.steps} if args.steps else {}),
                      **({"snippets": args.snippets} if args.snippets else {}))
     check_target(target)  # these before minutes of training
-    check_output(out, args.force, VISION_KEYS, (target,))
+    check_replaceable(out, "MANIFEST.json", args.force, keep=(Path.cwd(),), inputs=(target,),
+                      marker_keys=VISION_KEYS)
     tensors, record = train_vision(target, recipe, say=sayer("models"))
     write_vision(out, tensors, record, recipe, force=True)
     return 0

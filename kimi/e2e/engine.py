@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kimi.e2e.presets import CPU_ENGINE
 
 __all__ = ["CPU_ENGINE", "GreedyRun", "SPEC_METRICS", "engine_info", "hf_greedy", "identical", "parity",
-           "self_draft_model", "spec_metrics", "tokenize", "vllm_greedy"]
+           "self_draft_model", "spec_metrics", "spec_metrics_since", "tokenize", "vllm_greedy"]
 
 
 @dataclass
@@ -97,6 +97,15 @@ def spec_metrics(metrics) -> dict:
             per_pos = [a + b for a, b in zip(per_pos + [0.0] * (len(values) - len(per_pos)), values, strict=True)]
     found["accepted_per_pos"] = per_pos
     return found
+
+
+def spec_metrics_since(after: dict, before: dict) -> dict:
+    """What the engine counted between two :func:`spec_metrics` readings: each counter's increase, and
+    ``accepted_per_pos`` position by position (a ``before`` read before any draft has ``[]``: zeros)."""
+    now = after["accepted_per_pos"]
+    then = (before["accepted_per_pos"] + [0.0] * len(now))[:len(now)]
+    return {**{k: after[k] - before[k] for k in SPEC_METRICS.values()},
+            "accepted_per_pos": [a - b for a, b in zip(now, then, strict=True)]}
 
 
 def engine_info(llm) -> dict:

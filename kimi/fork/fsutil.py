@@ -77,8 +77,28 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def check_replaceable(dst: Path, marker: str, force: bool, keep: tuple[Path, ...] = ()) -> None:
-    """Refuse to write a folder over something that must not be lost.
+def read_json_object(path: Path) -> dict | None:
+    """The JSON object stored at ``path``; None when there is no such file.
+
+    Raises:
+        ValueError: the file cannot be read, is not valid JSON, or holds something other than an object (the
+            message names the file; the caller adds the way out).
+    """
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
+
+
+def check_replaceable(dst: Path, marker: str, force: bool, keep: tuple[Path, ...] = (),
+                      inputs: tuple[Path, ...] = (), marker_keys: tuple[str, ...] = ()) -> None:
+    """Refuse to write a folder over something that must not be lost, or where it cannot be written (the
+    nearest existing folder on its path is not writable): called before the command's work, not after it.
 
     Args:
         dst: the folder about to be written.
@@ -87,6 +107,11 @@ def check_replaceable(dst: Path, marker: str, force: bool, keep: tuple[Path, ...
         force: the user asked to replace an existing output.
         keep: paths that must survive (the input, the working directory):
             ``dst`` may not be one of them or contain one.
+        inputs: folders the command reads: ``dst`` may not be one, contain one
+            or lie inside one.
+        marker_keys: top-level keys the marker (a JSON object) of an earlier
+            output of the same command holds; a marker without one belongs
+            to another command's output, which ``force`` does not replace.
 
     Raises:
         KimiError: with the reason and the way out.
@@ -94,15 +119,35 @@ def check_replaceable(dst: Path, marker: str, force: bool, keep: tuple[Path, ...
     from kimi.errors import KimiError
 
     dest = dst.resolve()
-    for path in keep:
+    for path in inputs:
+        if dest == path.resolve():
+            raise KimiError(f"{dst} is an input of this command: choose another folder to write")
+    for path in (*keep, *inputs):
         if dest == path.resolve() or dest in path.resolve().parents:
             raise KimiError(f"{dst} holds {path}: choose a folder outside it")
+    for path in inputs:
+        if path.resolve() in dest.parents:
+            raise KimiError(f"{dst} lies inside {path}, an input of this command: choose a folder outside it")
     if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
         raise KimiError(f"{dst} exists and is not a folder; choose another destination")
     if dst.exists() and not force:
         raise KimiError(f"{dst} exists; choose another folder or pass --force to replace it")
     if dst.exists() and any(dst.iterdir()) and not (dst / marker).is_file():
         raise KimiError(f"{dst} has no {marker}: it is not an earlier output, and --force only replaces those")
+    if marker_keys and (dst / marker).is_file():
+        try:
+            found = read_json_object(dst / marker)
+        except ValueError as exc:
+            raise KimiError(f"{exc}: not a readable JSON manifest, so not an earlier output; choose another "
+                            "folder") from None
+        if not all(key in found for key in marker_keys):
+            raise KimiError(f"{dst} holds another command's output ({dst / marker} has no "
+                            f"{' / '.join(marker_keys)}): --force does not replace it; choose another folder")
+    parent = dest.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise KimiError(f"cannot write {dst}: {parent} is not a folder this user can write in")
 
 
 def publish_folder(staging: Path, dst: Path) -> None:

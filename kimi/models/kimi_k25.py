@@ -125,6 +125,15 @@ def _vit_block(w, p: str, vision: VisionSpec) -> dict:
             **_linear(w, f"{p}.mlp.fc1", d, vision.intermediate)}
 
 
+def encoder_blocks(w, vision: VisionSpec) -> dict:
+    """The tower's encoder blocks (``vision_tower.encoder.blocks.N.*``, bf16) from the weight source ``w``: its
+    ``matrix(rows, cols)`` gives each linear weight, its ``norm(n)`` each layer-norm weight; biases are zero."""
+    out: dict = {}
+    for i in range(vision.layers):
+        out.update(_vit_block(w, f"vision_tower.encoder.blocks.{i}", vision))
+    return out
+
+
 def vision_weights(w, vision: VisionSpec, text_hidden: int) -> dict:
     """Tower and projector tensors (bf16), named as in the checkpoint.
 
@@ -138,8 +147,7 @@ def vision_weights(w, vision: VisionSpec, text_hidden: int) -> dict:
            "vision_tower.patch_embed.proj.bias": w.torch.zeros(d, dtype=w.torch.bfloat16),
            "vision_tower.patch_embed.pos_emb.weight": w.matrix(vision.pos_emb**2, d).reshape(
                vision.pos_emb, vision.pos_emb, d)}
-    for i in range(vision.layers):
-        out.update(_vit_block(w, f"vision_tower.encoder.blocks.{i}", vision))
+    out.update(encoder_blocks(w, vision))
     out.update(_layer_norm(w, "vision_tower.encoder.final_layernorm", d))
     out.update(_layer_norm(w, "mm_projector.pre_norm", d))
     out.update(_linear(w, "mm_projector.proj.0", vision.merged, vision.merged))

@@ -18,7 +18,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kimi.errors import KimiError
-from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
+from kimi.fork.fsutil import (
+    check_replaceable,
+    default_mode,
+    read_json_object,
+    sha256_file,
+    staged_folder,
+    write_atomic,
+)
 from kimi.log import sayer
 from kimi.models import SHIPPED_PAIR
 from kimi.models.vision import VISION
@@ -29,6 +36,11 @@ WEIGHTS = "vision.safetensors"
 #: The projector's last layer: its rows are the image rows the text model reads ([hidden_size, 4 x tower width]).
 PROJECTOR_OUT = "mm_projector.proj.2.weight"
 
+#: The top-level manifest keys that mark a folder as an earlier output of each command (another command's folder,
+#: the shipped pair's for one, also holds a MANIFEST.json and is never replaced by these).
+VISION_KEYS = ("recipe", "vision")
+WRAPPER_KEYS = ("kimi_k25", "vision_sha256")
+
 say = sayer("models")
 
 
@@ -36,14 +48,14 @@ def write_vision(out: Path, tensors: dict, record: dict, recipe, force: bool = F
     """Write ``out/vision.safetensors`` (``tensors``) and ``out/MANIFEST.json`` (``recipe``, ``record``, digest).
 
     Raises:
-        KimiError: ``out`` exists without ``force`` or is not an earlier output (:func:`check_output`); writing
-            failed.
+        KimiError: ``out`` exists without ``force`` or is not an earlier tower (``check_replaceable`` with
+            :data:`VISION_KEYS`); writing failed.
     """
     import torch
     import transformers
     from safetensors.torch import save_file
 
-    check_output(out, force, VISION_KEYS, ())
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), marker_keys=VISION_KEYS)
     with staged_folder(out) as staging:
         save_file(tensors, str(staging / WEIGHTS), metadata={"format": "pt"})
         os.chmod(staging / WEIGHTS, default_mode())
@@ -54,52 +66,6 @@ def write_vision(out: Path, tensors: dict, record: dict, recipe, force: bool = F
     say(f"wrote {out}")
     return manifest
 
-
-#: The top-level manifest keys that mark a folder as an earlier output of each command (another command's folder,
-#: the shipped pair's for one, also holds a MANIFEST.json and is never replaced by these).
-VISION_KEYS = ("recipe", "vision")
-WRAPPER_KEYS = ("kimi_k25", "vision_sha256")
-
-
-def _manifest(path: Path) -> dict:
-    """``path`` (a MANIFEST.json) as a dict.
-
-    Raises:
-        KimiError: it is not a JSON object.
-    """
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise KimiError(f"{path} is not a readable JSON manifest ({exc})") from None
-    if not isinstance(data, dict):
-        raise KimiError(f"{path} is not a JSON object")
-    return data
-
-
-def check_output(out: Path, force: bool, keys: tuple[str, ...], inputs: tuple[Path, ...]) -> None:
-    """Refuse ``out`` before any work when writing it could lose something or cannot succeed: it is, holds or lies
-    inside one of ``inputs`` or the working directory; it exists without ``force``; it is not an earlier output of
-    the same command (its MANIFEST.json lacks one of ``keys``); no folder on its path can be written.
-
-    Raises:
-        KimiError: with the reason and the way out.
-    """
-    for path in inputs:
-        if out.resolve() == path.resolve():
-            raise KimiError(f"{out} is an input of this command: choose another folder to write")
-    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(), *inputs))
-    for path in inputs:
-        if path.resolve() in out.resolve().parents:
-            raise KimiError(f"{out} lies inside {path}, an input of this command: choose a folder outside it")
-    manifest = out / "MANIFEST.json"
-    if manifest.is_file() and not all(key in _manifest(manifest) for key in keys):
-        raise KimiError(f"{out} holds another command's output ({manifest} has no {' / '.join(keys)}): --force "
-                        "does not replace it; choose another folder")
-    parent = out.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise KimiError(f"cannot write {out}: {parent} is not a folder this user can write in")
 
 
 def load_vision(folder: Path = SHIPPED_VISION) -> tuple[dict, dict]:
@@ -113,7 +79,10 @@ def load_vision(folder: Path = SHIPPED_VISION) -> tuple[dict, dict]:
     manifest_path, weights = folder / "MANIFEST.json", folder / WEIGHTS
     if not manifest_path.is_file() or not weights.is_file():
         raise KimiError(f"{folder} holds no trained vision tower: run `kimi models train-vision {folder}`")
-    manifest = _manifest(manifest_path)
+    try:
+        manifest = read_json_object(manifest_path)
+    except ValueError as exc:
+        raise KimiError(f"{exc}: not a trained tower's manifest") from None
     if not all(key in manifest for key in VISION_KEYS) or WEIGHTS not in manifest.get("files", {}):
         raise KimiError(f"{manifest_path} is not a trained tower's manifest (written by `kimi models train-vision`)")
     if sha256_file(weights) != manifest["files"][WEIGHTS]:
@@ -129,7 +98,8 @@ def assemble(out: Path, pair: Path = SHIPPED_PAIR, vision: Path = SHIPPED_VISION
         Its ``MANIFEST.json``: the wrapper entry, the sources' digests and every file's sha256.
 
     Raises:
-        KimiError: ``out`` exists without ``force`` or is not an earlier output (:func:`check_output`); the pair or
+        KimiError: ``out`` is an input, exists without ``force`` or is not an earlier wrapper
+            (``check_replaceable``); the pair or
             the tower fails its manifest check; the tower's projector writes rows of another width than the
             target's hidden size (a tower trained for another target).
     """
@@ -141,7 +111,8 @@ def assemble(out: Path, pair: Path = SHIPPED_PAIR, vision: Path = SHIPPED_VISION
 
     pair_manifest = check_pair(pair)
     tensors, vision_manifest = load_vision(vision)
-    check_output(out, force, WRAPPER_KEYS, (pair, vision))
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), inputs=(pair, vision),
+                      marker_keys=WRAPPER_KEYS)
     target = pair / "target"
     text = json.loads((target / "config.json").read_text())
     width = tensors[PROJECTOR_OUT].shape[0]

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kimi.models import kimi_k25
 from kimi.models.kimi_k25 import MEDIA_TOKEN, VisionSpec
 
 #: The image prompt: the image, then the newline that ends the line it shows.
@@ -145,20 +146,25 @@ def image_rows(tensors: dict, pixels, vision: VisionSpec = VISION):
     return x @ t["mm_projector.proj.2.weight"].T + t["mm_projector.proj.2.bias"]
 
 
+class _Identity:
+    """A weight source for :func:`kimi.models.kimi_k25.encoder_blocks`: zero matrices, unit layer norms (bf16)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+
+    def matrix(self, rows: int, cols: int):
+        return self.torch.zeros(rows, cols, dtype=self.torch.bfloat16)
+
+    def norm(self, n: int):
+        return self.torch.ones(n, dtype=self.torch.bfloat16)
+
+
 def identity_blocks(vision: VisionSpec) -> dict:
     """The encoder blocks' tensors (bf16) with every weight and bias zero except the layer norms' weights (one):
     ``wo`` and ``mlp.fc1`` zero make each block return its input."""
-    import torch
-
-    d, inter, out = vision.hidden, vision.intermediate, {}
-    shapes = {"norm0": (d,), "wqkv": (3 * d, d), "wo": (d, d), "norm1": (d,), "mlp.fc0": (inter, d),
-              "mlp.fc1": (d, inter)}
-    for i in range(vision.layers):
-        for name, shape in shapes.items():
-            p = f"vision_tower.encoder.blocks.{i}.{name}"
-            out[f"{p}.weight"] = (torch.ones if name.startswith("norm") else torch.zeros)(shape, dtype=torch.bfloat16)
-            out[f"{p}.bias"] = torch.zeros(shape[0], dtype=torch.bfloat16)
-    return out
+    return kimi_k25.encoder_blocks(_Identity(), vision)
 
 
 def initial_tensors(vision: VisionSpec, text_hidden: int, seed: int) -> dict:

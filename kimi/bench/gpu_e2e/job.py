@@ -9,7 +9,7 @@ import traceback
 
 from kimi.bench.hardware import device
 from kimi.bench.workers import JobReport
-from kimi.e2e.engine import SPEC_METRICS, engine_info, spec_metrics
+from kimi.e2e.engine import engine_info, spec_metrics, spec_metrics_since
 
 
 def run(job: dict, spec: dict, report: JobReport) -> dict:
@@ -79,9 +79,7 @@ def run_job(job: dict, prompts: list[list[int]], tokens: int) -> dict:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    counters = {k: after[k] - before[k] for k in SPEC_METRICS.values()}
-    pos_before = before["accepted_per_pos"] or [0.0] * len(after["accepted_per_pos"])
-    counters["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pos_before, strict=False)]
+    counters = spec_metrics_since(after, before)
     out_tokens = [list(o.outputs[0].token_ids) for o in outputs]
     generated = sum(len(t) for t in out_tokens)
     margins = [[margin(step) for step in (o.outputs[0].logprobs or [])] for o in outputs] \
