@@ -14,8 +14,8 @@ served with the widened pair's drafter (trained on the bf16 target) at k = 3 wit
 an FP8 KV cache on the bf16 target (all three engines) and on the FP8 target (``nospec`` and ``fork_k3``); the FP8
 target with an FP8 KV cache and the drafter's own bf16 KV cache on Triton attention (``speculative_config``
 ``kv_cache_dtype`` / ``attention_backend``; ``fork_k3`` against the previous variant's ``nospec``); and controls:
-the bf16 target with each KV cache dtype without speculation, every request alone (``max_num_seqs`` 1), to tell
-what batching alone flips from what speculation flips. All engines start at once and are
+the bf16 target with each KV cache dtype and the block-FP8 target without speculation, every request alone
+(``max_num_seqs`` 1), to tell what batching alone flips from what speculation flips. All engines start at once and are
 measured one at a time in ``--rounds`` interleaved rounds (``kimi.bench.perf.orchestrate.run_parallel``), every
 concurrency: c requests at once, greedy, ``--tokens`` output tokens, EOS ignored.
 

@@ -108,6 +108,42 @@ def test_served_image_rows_output_and_counters(tmp_path: Path) -> None:
         assert r["lossless"]["identical"] == r["lossless"]["total"] == 4, (name, r)
 
 
+_ROWS_AFTER_A_HIT = """
+import json, sys
+from pathlib import Path
+from vllm import LLM, SamplingParams
+from kimi.bench.image_acceptance import ENGINES, K, requests, rows_check
+from kimi.bench.multimodal import close_engine
+from kimi.models.pair_k25 import load_vision
+wrapper, drafter, vision = sys.argv[1:4]
+tensors, manifest = load_vision(Path(vision))
+text = manifest["snippets"][0]
+# a GPU's prefix cache: blocks that fit inside the image prompt, so a second identical request is served from it
+engine = {**ENGINES["cpu"], "block_size": 32, "enable_prefix_caching": True}
+llm = LLM(model=wrapper, speculative_config={"method": "eagle3", "model": drafter, "num_speculative_tokens": K},
+          **engine)
+try:
+    llm.generate(requests([text])["image"], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    print("RESULT " + json.dumps(rows_check(llm, tensors, text)))
+finally:
+    close_engine(llm)
+"""
+
+
+@pytest.mark.install
+def test_rows_check_reads_every_image_row_after_a_prefix_cache_hit(tmp_path: Path) -> None:
+    """The rows check after the same image was served (as on the H200, whose prefix cache blocks are small):
+    all 64 rows read and equal to the torch reproduction, not a KeyError on the cached positions."""
+    from engine_script import run_engine_script
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, assemble
+
+    assemble(tmp_path / "pair-k25", SHIPPED_PAIR, SHIPPED_VISION)
+    rows = run_engine_script(_ROWS_AFTER_A_HIT, str(tmp_path / "pair-k25/model"), str(SHIPPED_PAIR / "drafter"),
+                             str(SHIPPED_VISION), timeout=900)
+    assert rows["positions"] == 64 and rows["max_abs_diff"] < 1e-4, rows
+
+
 def test_recorded_image_acceptance_is_consistent() -> None:
     """benchmarks/results/multimodal.json's image_acceptance, when recorded: both modes, consistent counters,
     lossless, and the other sections kept."""

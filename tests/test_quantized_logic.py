@@ -4,12 +4,15 @@ the markdown."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kimi.bench.quantized import (
     ONE_BY_ONE,
     VARIANTS,
     K,
+    _parting,
     controls,
     earlier_call,
     failures,
@@ -39,6 +42,7 @@ def test_a_variant_without_its_own_baseline_brings_the_baseline_variant() -> Non
     assert [v.name for v in pick(["int4-experts"], cpu=False)] == ["int4-experts"]
     assert [v.name for v in pick(["bf16", "bf16"], cpu=False)] == ["bf16"]  # one engine per name
     assert [v.name for v in pick(["bf16+kv-fp8+one-by-one"], cpu=False)] == ["bf16+kv-fp8", "bf16+kv-fp8+one-by-one"]
+    assert [v.name for v in pick(["fp8-block+one-by-one"], cpu=False)] == ["fp8-block", "fp8-block+one-by-one"]
 
 
 def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
@@ -48,7 +52,7 @@ def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
 
 def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
     jobs = {j["name"]: j for j in jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)}
-    assert len(jobs) == 3 + 3 + 3 + 3 + 2 + 1 + 1 + 1
+    assert len(jobs) == 3 + 3 + 3 + 3 + 2 + 1 + 1 + 1 + 1
     assert jobs["bf16/nospec"]["spec"] is None and jobs["bf16/nospec"]["target"] == "/t/bf16"
     assert jobs["int4-experts/upstream_k3"]["variant"] == "upstream"
     assert jobs["int4-experts/upstream_k3"]["target"] == "/t/int4"
@@ -69,7 +73,7 @@ def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
 def test_block_fp8_engines_run_without_deep_gemm_and_the_others_as_vllm_chooses() -> None:
     jobs = jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)
     fp8 = [j for j in jobs if j["target"] == "/t/fp8"]
-    assert len(fp8) == 6 and all(j["env"] == {"VLLM_USE_DEEP_GEMM": "0"} for j in fp8)
+    assert len(fp8) == 7 and all(j["env"] == {"VLLM_USE_DEEP_GEMM": "0"} for j in fp8)  # the control's too
     assert all(not j["env"] for j in jobs if j["target"] != "/t/fp8")
     assert variant_settings(VARIANTS[1])["environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
 
@@ -111,12 +115,21 @@ def test_rows_compare_with_the_baseline_and_with_bf16() -> None:
     failed = failures(jobs, runs)
     assert failed == {"int4-experts/upstream_k3": "error: ValueError: no kernel",
                       "fp8-block+kv-fp8/fork_k3": "not run"}
-    assert totals(list(table.values())) == {"identical": [5, 6], "fork_vs_upstream_median": pytest.approx(1.15)}
-    text = "\n".join(markdown({"command": "python3 benchmarks/quantized.py", "date": "d", "device": "H200",
-                               "versions": {"fork": "0.32.0+kimi.1.cuda", "upstream": "0.32.0"},
-                               "settings": {"tokens": 8, "rounds": 2, "reps": 1, "engine": {}},
-                               "totals": {}, "rows": list(table.values()), "failures": failed,
-                               "targets": {"bf16": "/t/bf16 (bf16)"}}))
+    total = totals(list(table.values()))
+    assert total == {"identical": [5, 6], "fork_vs_upstream_median": pytest.approx(1.15), "rounds_measured": 2}
+    report = {"command": "python3 benchmarks/quantized.py", "date": "d", "device": "H200",
+              "versions": {"fork": "0.32.0+kimi.1.cuda", "upstream": "0.32.0"},
+              "settings": {"tokens": 8, "rounds": 2, "reps": 1, "engine": {}},
+              "totals": total, "rows": list(table.values()), "failures": failed,
+              "targets": {"bf16": "/t/bf16 (bf16)"}}
+    text = "\n".join(markdown(report))
+    assert "; 2 interleaved rounds, best of 1 per round;" in text
+    # a budget that ran out after the first round: the report says each ratio is one sample
+    one = [{**r, "fork_vs_upstream_rounds": r["fork_vs_upstream_rounds"][:1]} if "fork_vs_upstream_rounds" in r
+           else r for r in table.values()]
+    short = "\n".join(markdown({**report, "settings": {**report["settings"], "rounds": 3}, "totals": totals(one)}))
+    assert ("3 interleaved rounds planned, 1 measured (the time budget ran out; each fork/upstream ratio below is "
+            "one sample)") in short
     assert "| int4-experts | auto |  | 4 | 1/2 |  | 1.5 | None | 0.75 |" in text
     assert "`int4-experts/upstream_k3`: error: ValueError: no kernel" in text
     assert "- bf16: /t/bf16 (bf16)" in text
@@ -131,12 +144,18 @@ def test_a_control_tells_batching_flips_from_speculation_flips() -> None:
     table = controls(variants, runs)
     assert table == [{"control": "bf16+kv-fp8+one-by-one", "of": "bf16+kv-fp8", "kv_cache_dtype": "fp8",
                       "concurrency": 16, "batched_nospec": [2, 3], "differing_batched": [1], "fork": [1, 3],
-                      "differing_fork": [1, 2]}]
-    assert [r["differing"] for r in rows(variants, runs)] == [[2]]  # the fork against the batched no-spec engine
+                      "differing_fork": [1, 2], "parts_at_batched": {1: 1}, "parts_at_fork": {1: 1, 2: 0}}]
+    table_rows = rows(variants, runs)
+    assert [(r["differing"], r["parts_at"]) for r in table_rows] == [([2], {2: 0})]  # fork against batched no-spec
     text = "\n".join(markdown({"command": "c", "date": "d", "device": "H200", "versions": {},
                                "settings": {"tokens": 8, "rounds": 1, "reps": 1, "engine": {}},
-                               "totals": {}, "rows": [], "controls": table, "failures": {}, "targets": {}}))
+                               "totals": {}, "rows": table_rows, "controls": table, "failures": {}, "targets": {}}))
     assert "| bf16+kv-fp8+one-by-one | bf16+kv-fp8 | fp8 | 16 | 2/3 | [1] | 1/3 | [1, 2] |" in text
+    # where each differing sequence parts (request@token), as JSON gives it back (string keys), fork / upstream
+    assert "- bf16+kv-fp8 c=16: 2@0 / -" in text
+    assert "- bf16+kv-fp8+one-by-one c=16 (control: batched no-spec / fork against alone): 1@1 / 1@1, 2@0" in text
+    again = json.loads(json.dumps(table))
+    assert _parting(again[0]["parts_at_fork"]) == "1@1, 2@0"
 
 
 def test_a_refusal_at_config_time_keeps_its_reason_not_pydantics_link() -> None:

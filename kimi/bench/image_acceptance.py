@@ -56,6 +56,10 @@ def rows_check(llm, tensors: dict, text: str) -> dict:
     """vLLM's image rows for one image of ``text`` (the target's first decoder layer input at the image
     positions, :mod:`kimi.e2e.draft_inputs`) against :func:`kimi.models.vision.image_rows` (float32).
 
+    The request carries a ``cache_salt`` of its own: an engine with prefix caching whose blocks fit inside the
+    prompt (a GPU's 16-64 tokens, not the CPU's 128) would otherwise serve the image positions from the cache of
+    an earlier identical request, and the target would read none of them.
+
     Returns:
         ``{"positions": image positions read, "max_abs_diff": float, "max_abs_row": largest |value|}``.
     """
@@ -66,7 +70,8 @@ def rows_check(llm, tensors: dict, text: str) -> dict:
     from kimi.models.vision import image_rows, patches, render
 
     llm.collective_rpc(draft_inputs.install)
-    llm.generate(requests([text])["image"], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    request = {**requests([text])["image"][0], "cache_salt": "kimi-rows-check"}
+    llm.generate([request], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     records = llm.collective_rpc(draft_inputs.take)[0]["target"]
     rows = {}
     for positions, values in records:

@@ -67,7 +67,7 @@ NO_DEEP_GEMM = {"VLLM_USE_DEEP_GEMM": "0"}
 #: The run's variants, in plan order. Fork against upstream on the three weight layouts and on the bf16 target with
 #: an FP8 KV cache; the FP8 target's KV cache and the drafter's own KV dtype and backend on the fork only (lossless
 #: and τ; the speed of those paths is not the fork's); the one-by-one controls (:data:`ONE_BY_ONE`) of the bf16
-#: target with each KV cache dtype.
+#: target with each KV cache dtype and of the block-FP8 target.
 VARIANTS = (
     Variant("bf16"),
     Variant("fp8-block", "fp8-block", environ=NO_DEEP_GEMM),
@@ -80,6 +80,8 @@ VARIANTS = (
     Variant("bf16+one-by-one", engine=ONE_BY_ONE, engines=("nospec",), baseline="bf16"),
     Variant("bf16+kv-fp8+one-by-one", kv_cache_dtype="fp8", engine=ONE_BY_ONE, engines=("nospec",),
             baseline="bf16+kv-fp8"),
+    Variant("fp8-block+one-by-one", "fp8-block", engine=ONE_BY_ONE, engines=("nospec",), baseline="fp8-block",
+            environ=NO_DEEP_GEMM),
 )
 #: On CPU (``--cpu-smoke``): vLLM 0.32.0's CPU backend runs neither quantized layout (docs/reference-models.md).
 CPU_VARIANTS = ("bf16",)
@@ -175,11 +177,24 @@ def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, comm
     return jobs
 
 
-def _differing(entry: dict, ref: dict) -> list[int] | None:
-    """The request indices whose greedy output differs between ``entry`` and ``ref``; None without both."""
+def _parts(entry: dict, ref: dict) -> dict[int, int] | None:
+    """``{request index: the first output token index where it differs}`` for the requests whose greedy output
+    differs between ``entry`` and ``ref`` (a length difference parts at the shorter one's end); None without both.
+    Late parting under a batch-shape change is what near-tied logits give; a drafter fed wrong inputs cannot move
+    a greedy output at all, so where a sequence parts is the evidence to set beside the controls."""
     if not entry.get("tokens") or not ref.get("tokens"):
         return None
-    return [i for i, (a, b) in enumerate(zip(entry["tokens"], ref["tokens"], strict=True)) if a != b]
+    out = {}
+    for i, (a, b) in enumerate(zip(entry["tokens"], ref["tokens"], strict=True)):
+        if a != b:
+            out[i] = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return out
+
+
+def _differing(entry: dict, ref: dict) -> list[int] | None:
+    """The request indices whose greedy output differs between ``entry`` and ``ref``; None without both."""
+    parts = _parts(entry, ref)
+    return None if parts is None else list(parts)
 
 
 def _identical(entry: dict, ref: dict) -> list[int] | None:
@@ -210,6 +225,7 @@ def rows(variants: list[Variant], runs: dict[str, dict]) -> list[dict]:
                 "drafter_overrides": v.draft, "concurrency": int(c),
                 "identical": _identical(f, b), "identical_upstream": _identical(u, b) if u else None,
                 "differing": _differing(f, b), "differing_upstream": _differing(u, b) if u else None,
+                "parts_at": _parts(f, b), "parts_at_upstream": _parts(u, b) if u else None,
                 "tau": _round(f.get("tau")), "tau_upstream": _round(u.get("tau")),
                 "tau_vs_bf16": _round(f["tau"] / ref_tau) if f.get("tau") and ref_tau else None,
                 "fork_tok_s": _round(f["tok_s"], 1), "upstream_tok_s": _round(u.get("tok_s"), 1),
@@ -236,7 +252,8 @@ def controls(variants: list[Variant], runs: dict[str, dict]) -> list[dict]:
             b, f = batched.get(c, {}), fork.get(c, {})
             out.append({"control": v.name, "of": v.reference, "kv_cache_dtype": v.kv_cache_dtype, "concurrency": int(c),
                         "batched_nospec": _identical(b, a), "differing_batched": _differing(b, a),
-                        "fork": _identical(f, a), "differing_fork": _differing(f, a)})
+                        "fork": _identical(f, a), "differing_fork": _differing(f, a),
+                        "parts_at_batched": _parts(b, a), "parts_at_fork": _parts(f, a)})
     return sorted(out, key=lambda r: ([v.name for v in variants].index(r["control"]), r["concurrency"]))
 
 
@@ -260,11 +277,29 @@ def failures(jobs: list[dict], runs: dict[str, dict]) -> dict[str, str]:
 
 def totals(table: list[dict]) -> dict:
     """Over all rows: identical / total greedy sequences (fork), crashes are counted by :func:`failures`; the
-    median fork/upstream of the per-round ratios over every row that has them."""
+    median fork/upstream of the per-round ratios over every row that has them, and the rounds that every such row
+    measured (fewer than ``--rounds`` when the time budget ran out)."""
     same = [r["identical"] for r in table if r["identical"]]
-    ratios = [x for r in table for x in r.get("fork_vs_upstream_rounds", [])]
+    per_row = [r["fork_vs_upstream_rounds"] for r in table if r.get("fork_vs_upstream_rounds")]
+    ratios = [x for rounds in per_row for x in rounds]
     return {"identical": [sum(s for s, _ in same), sum(n for _, n in same)],
-            "fork_vs_upstream_median": round(statistics.median(ratios), 4) if ratios else None}
+            "fork_vs_upstream_median": round(statistics.median(ratios), 4) if ratios else None,
+            "rounds_measured": min(map(len, per_row)) if per_row else None}
+
+
+def _rounds(planned: int, total: dict) -> str:
+    """The rounds of a report: those planned, and those measured where fewer (a single round's fork/upstream ratio
+    is one sample of a shared host's noise)."""
+    measured = total.get("rounds_measured")
+    if measured is None or measured >= planned:
+        return f"{planned} interleaved rounds"
+    return (f"{planned} interleaved rounds planned, {measured} measured (the time budget ran out; each fork/upstream "
+            f"ratio below is {'one sample' if measured == 1 else f'{measured} samples'})")
+
+
+def _parting(parts: dict | None) -> str:
+    """``{index: token}`` as ``1@22, 3@1`` (JSON keys are strings once written); "-" for none."""
+    return ", ".join(f"{i}@{t}" for i, t in sorted((int(i), t) for i, t in parts.items())) if parts else "-"
 
 
 def markdown(result: dict) -> list[str]:
@@ -276,8 +311,8 @@ def markdown(result: dict) -> list[str]:
              f"- hardware: {result['device']}",
              f"- vLLM: fork {result['versions'].get('fork')}, upstream {result['versions'].get('upstream')}",
              (f"- the shipped pair's drafter (trained on the bf16 target), k = {K}, greedy; {s['tokens']} output "
-              f"tokens per request, c requests at once; {s['rounds']} interleaved rounds, best of {s['reps']} per "
-              f"round; engine settings {s['engine']}"),
+              f"tokens per request, c requests at once; {_rounds(s['rounds'], result['totals'])}, best of "
+              f"{s['reps']} per round; engine settings {s['engine']}"),
              f"- over all rows: {result['totals']}", "",
              ("| variant | KV (target) | drafter overrides | c | identical fork | identical upstream | tau "
               "| tau upstream | tau / bf16 | fork tok/s | upstream tok/s | no-spec tok/s "
@@ -299,6 +334,15 @@ def markdown(result: dict) -> list[str]:
         lines += [f"| {r['control']} | {r['of']} | {r['kv_cache_dtype']} | {r['concurrency']} "
                   f"| {_frac(r['batched_nospec'])} | {r['differing_batched']} | {_frac(r['fork'])} "
                   f"| {r['differing_fork']} |" for r in result["controls"]]
+    parted = [(f"{r['variant']} c={r['concurrency']}", r.get("parts_at"), r.get("parts_at_upstream"))
+              for r in result["rows"] if r.get("parts_at") or r.get("parts_at_upstream")]
+    parted += [(f"{r['control']} c={r['concurrency']} (control: batched no-spec / fork against alone)",
+                r.get("parts_at_batched"), r.get("parts_at_fork")) for r in result.get("controls") or []
+               if r.get("parts_at_batched") or r.get("parts_at_fork")]
+    if parted:
+        lines += ["", (f"Where the differing sequences part (request index: first differing output token of "
+                       f"{s['tokens']}), fork / upstream against the same target without speculation:"), ""]
+        lines += [f"- {name}: {_parting(fork)} / {_parting(up)}" for name, fork, up in parted]
     if result["failures"]:
         lines += ["", "Engines that did not finish:", ""]
         lines += [f"- `{name}`: {why}" for name, why in result["failures"].items()]
