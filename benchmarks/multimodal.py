@@ -19,7 +19,9 @@ crossing a chunk boundary). Writes ``multimodal.json`` and ``multimodal.md`` to 
 against the placeholder's (``kimi.bench.image_acceptance``): the shipped pair's target wrapped with the trained
 vision tower (``models/pair-vision``, assembled as ``kimi models pair-k25`` does) and ``models/pair/drafter``, k = 3,
 each mode in its own process; it adds the section ``image_acceptance`` to the existing results and keeps the rest
-(and a run of the checks keeps an existing ``image_acceptance``)::
+(and a run of the checks keeps an existing ``image_acceptance``). Those models are fixed: ``--models`` and
+``--styles`` (the random-weight reference models and their drafters, on which acceptance means nothing) are refused
+with ``--tau``, and ``--snippets`` without it::
 
     .venv/bin/python benchmarks/multimodal.py --tau [--device cpu|gpu] [--snippets N] [--out DIR]
 """
@@ -44,8 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=Path, default=ROOT / ".kimi/models/reference")
-    parser.add_argument("--styles", nargs="+", choices=("llama", "mla"), default=["llama", "mla"])
+    parser.add_argument("--models", type=Path, default=None,
+                        help="the reference models of the checks (default: .kimi/models/reference)")
+    parser.add_argument("--styles", nargs="+", choices=("llama", "mla"), default=None,
+                        help="the checks' drafter styles (default: both)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default=None,
                         help="cpu (float32, eager) or gpu (bfloat16); default: gpu when torch sees one")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
@@ -54,6 +58,12 @@ def main() -> int:
     parser.add_argument("--snippets", type=positive_int, default=None,
                         help="--tau: the first N of the tower's training snippets (default: all)")
     args = parser.parse_args()
+    if args.tau and (args.models or args.styles):
+        parser.error("--tau measures the trained pair-k25 (models/pair/target with the tower of models/pair-vision) "
+                     "with models/pair/drafter, not the reference models: leave out --models and --styles")
+    if args.snippets and not args.tau:
+        parser.error("--snippets applies to --tau only")
+    args.models, args.styles = args.models or ROOT / ".kimi/models/reference", args.styles or ["llama", "mla"]
     hardware = device()
     args.device = args.device or ("gpu" if hardware["cuda"] else "cpu")
     if args.device == "gpu" and not hardware["cuda"]:

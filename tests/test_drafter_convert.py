@@ -125,6 +125,12 @@ def test_force_never_replaces_the_source_or_a_folder_that_is_not_a_drafter(tmp_p
     assert refused.returncode == 1 and "has no config.json: it is not an earlier output" in refused.stderr
     assert (models / "OTHER.txt").read_text() == "keep me" and (src / "config.json").is_file()
     assert (tmp_path / "plain" / "notes.txt").is_file()
+    target = tmp_path / "target"  # `convert SRC models/pair/target --force` used to replace the shipped target
+    target.mkdir()
+    (target / "config.json").write_text((ROOT / "models/pair/target/config.json").read_text())
+    refused = kimi("drafter", "convert", str(src), str(target), "--force")
+    assert refused.returncode == 1 and "another command's output" in refused.stderr, refused.stderr
+    assert [p.name for p in target.iterdir()] == ["config.json"]
 
 
 def test_force_replaces_an_earlier_conversion(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the shipped pair's drafter, what ``kimi drafter inspect`` / ``convert`` make of 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -96,6 +97,23 @@ def test_specforge_writer_refuses_id_0_and_other_layouts(tmp_path: Path) -> None
     with pytest.raises(KimiError, match="names no aux layer ids"):
         specforge_checkpoint(toplevel_drafter(tmp_path / "none", None, dims=SMALL), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_force_never_replaces_a_folder_another_command_wrote(tmp_path: Path) -> None:
+    """A target folder (its config.json has no ``eagle_config`` / ``speculators_config``) is not an earlier
+    SpecForge or speculators checkpoint: `--force` used to replace any folder holding a config.json."""
+    from kimi.drafter.other_tools import specforge_checkpoint, speculators_checkpoint
+    from kimi.models import SHIPPED_PAIR
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text((SHIPPED_PAIR / "target" / "config.json").read_text())
+    with pytest.raises(KimiError, match="another command's output"):
+        specforge_checkpoint(SHIPPED_PAIR / "drafter", target, force=True)
+    if importlib.util.find_spec("speculators") is not None:
+        with pytest.raises(KimiError, match="another command's output"):
+            speculators_checkpoint(SHIPPED_PAIR / "drafter", SHIPPED_PAIR / "target", target, force=True)
+    assert [p.name for p in target.iterdir()] == ["config.json"]
 
 
 def test_converting_a_speculators_checkpoint_leaves_out_its_config_class(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ the torch reproduction's, its image output follows the image (not the blank), an
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,8 +173,10 @@ def test_outputs_never_replace_an_input_or_another_commands_folder(tmp_path: Pat
     reads (nor a folder inside them), never a folder whose MANIFEST.json another command wrote."""
     from kimi.errors import KimiError
     from kimi.fork.fsutil import check_replaceable
-    from kimi.models import SHIPPED_PAIR
-    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, WRAPPER_KEYS
+    from kimi.models import OUTPUT_KEYS, SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION
+
+    VISION_KEYS, WRAPPER_KEYS = OUTPUT_KEYS["train-vision"], OUTPUT_KEYS["pair-k25"]
 
     def check_output(out: Path, force: bool, keys: tuple[str, ...], inputs: tuple[Path, ...]) -> None:
         check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), inputs=inputs, marker_keys=keys)
@@ -200,6 +205,29 @@ def test_outputs_never_replace_an_input_or_another_commands_folder(tmp_path: Pat
     blocker.write_text("")
     with pytest.raises(KimiError, match="not a folder this user can write in"):
         check_output(blocker / "sub" / "out", False, VISION_KEYS, ())
+
+
+def test_train_vision_outside_the_forks_environment_names_the_fix(tmp_path: Path) -> None:
+    """An interpreter without torch (``-S``: no site-packages, as the system python3 of a fresh machine) gets one
+    line naming ``python3 -m kimi setup``, exit 2, not a ModuleNotFoundError traceback."""
+    run = subprocess.run([sys.executable, "-S", "-m", "kimi", "models", "train-vision", str(tmp_path / "tower")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "cannot import torch" in run.stderr and "`python3 -m kimi setup` makes it" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "tower").exists()
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["--tau", "--models", "elsewhere"], "--tau measures the trained pair-k25"),
+    (["--tau", "--styles", "mla"], "leave out --models and --styles"),
+    (["--snippets", "4"], "--snippets applies to --tau only"),
+])
+def test_tau_refuses_the_options_it_does_not_use(tmp_path: Path, options: list[str], needle: str) -> None:
+    """--tau measures the trained pair-k25 only: the checks' --models / --styles are refused, not ignored (and
+    --snippets without --tau). An --out that cannot be made stops an unrefused call before any engine."""
+    run = subprocess.run([sys.executable, "benchmarks/multimodal.py", *options, "--out", "/dev/null/out"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 2 and needle in run.stderr, run.stderr
 
 
 def test_train_vision_refuses_what_is_not_a_target_before_loading() -> None:

@@ -5,6 +5,7 @@ they read the real checkpoints; the block and group sizes the published models g
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,23 @@ def test_refusals_write_nothing(written: dict[str, Path], tmp_path: Path) -> Non
     with pytest.raises(KimiError):
         quantize_target(TARGET, written["fp8-block"], "fp8-block")  # exists: --force needed
     assert not (tmp_path / "twice").exists() and not (tmp_path / "x").exists()
+    quantize_target(TARGET, written["fp8-block"], "fp8-block", force=True)  # an earlier quantized copy: replaced
+
+
+def test_force_never_replaces_the_source_or_another_commands_folder(tmp_path: Path) -> None:
+    """`kimi models quantize fp8-block models/pair-vision --force` used to replace the trained tower (any folder
+    with a MANIFEST.json), and `... models/pair --force` the pair holding the source."""
+    tower = tmp_path / "tower"
+    shutil.copytree(SHIPPED_PAIR.parent / "pair-vision", tower)
+    with pytest.raises(KimiError, match="another command's output .* choose another folder"):
+        quantize_target(TARGET, tower, "fp8-block", force=True)
+    source = tmp_path / "pair" / "target"
+    shutil.copytree(TARGET, source)
+    for out, why in ((source, "is an input"), (source.parent, "holds"), (source / "fp8", "lies inside")):
+        with pytest.raises(KimiError, match=why):
+            quantize_target(source, out, "fp8-block", force=True)
+    assert sorted(p.name for p in tower.iterdir()) == ["MANIFEST.json", "vision.safetensors"]
+    assert not (source / "fp8").exists() and (source / "model.safetensors").is_file()
 
 
 def test_inspect_names_the_target_quantization(written: dict[str, Path]) -> None:

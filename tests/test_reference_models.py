@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from kimi.models import OUTPUT_KEYS
 
 pytestmark = pytest.mark.install
 
@@ -48,6 +50,7 @@ def test_same_seed_same_files_other_seed_other_weights(models: Path, tmp_path: P
     assert other["target/tokenizer.json"] == first["files"]["target/tokenizer.json"]
     assert other["kimi-k25/model.safetensors"] != first["files"]["kimi-k25/model.safetensors"]
     assert first["kimi_k25"]["media_placeholder_token_id"] == 2
+    assert set(OUTPUT_KEYS["make"]) <= set(first)  # what `make --force` takes for its own earlier output
     refused = make(models)
     assert refused.returncode == 1 and "or pass --force to replace it" in refused.stderr
 
@@ -120,6 +123,20 @@ def test_make_never_replaces_the_working_directory_or_a_foreign_folder(tmp_path:
     foreign = make(here, "--force")
     assert foreign.returncode == 1 and "has no MANIFEST.json" in foreign.stderr
     assert (here / "precious.txt").read_text() == "keep" and "Traceback" not in foreign.stderr
+    tower = tmp_path / "tower"  # `kimi models make models/pair-vision --force` used to replace the trained tower
+    shutil.copytree(ROOT / "models" / "pair-vision", tower)
+    other = make(tower, "--force")
+    assert other.returncode == 1 and "another command's output" in other.stderr, other.stderr
+    assert sorted(p.name for p in tower.iterdir()) == ["MANIFEST.json", "vision.safetensors"]
+
+
+def test_make_outside_the_forks_environment_names_the_fix(tmp_path: Path) -> None:
+    """An interpreter without the environment's packages (``-S``: no site-packages, as the system python3 of a fresh
+    machine) gets one line naming ``python3 -m kimi setup``, exit 2, not a ModuleNotFoundError traceback."""
+    run = subprocess.run([sys.executable, "-S", "-m", "kimi", "models", "make", str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "`python3 -m kimi setup` makes it" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
 
 
 def test_kimi_k25_wraps_the_target_text_model(models: Path) -> None:

@@ -105,3 +105,38 @@ def test_a_target_inside_the_pair_folder_other_than_its_target_is_refused(tmp_pa
     with pytest.raises(KimiError, match="not a trained target"):
         place_target(tmp_path / "nothing-here", pair / "target")
     assert pair_digests(pair) == before
+
+
+def test_each_shipped_output_carries_its_own_commands_manifest_keys_only() -> None:
+    """OUTPUT_KEYS tell the shipped outputs apart: the pair is train-pair's, its target train-target's, the tower
+    train-vision's; none holds another command's keys, so no other command's --force replaces it."""
+    from kimi.models import OUTPUT_KEYS
+
+    shipped = {"train-pair": SHIPPED_PAIR, "train-target": SHIPPED_PAIR / "target",
+               "train-vision": SHIPPED_PAIR.parent / "pair-vision"}
+    for command, folder in shipped.items():
+        manifest = json.loads((folder / "MANIFEST.json").read_text())
+        assert [c for c, keys in OUTPUT_KEYS.items() if set(keys) <= set(manifest)] == [command], folder
+    for command, keys in OUTPUT_KEYS.items():  # no command's keys are all among another's
+        assert not [c for c, other in OUTPUT_KEYS.items() if c != command and set(other) <= set(keys)], command
+
+
+def test_train_pair_never_empties_another_commands_folder(tmp_path: Path) -> None:
+    """`kimi models train-pair models/pair-vision --force` (or a folder of anything else) used to remove what the
+    folder held before training; it is refused, and so is a folder whose MANIFEST.json another command wrote."""
+    pytest.importorskip("torch")  # kimi.train imports it
+    from kimi.train.pair import train_pair
+
+    tower = tmp_path / "tower"
+    shutil.copytree(SHIPPED_PAIR.parent / "pair-vision", tower)
+    for force in (True, False):
+        with pytest.raises(KimiError, match="another command's output .* choose another folder"):
+            train_pair(tower, force=force)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    (mine / "target").mkdir()
+    with pytest.raises(KimiError, match="has no MANIFEST.json: it is not an earlier output"):
+        train_pair(mine, force=True)
+    assert sorted(p.name for p in tower.iterdir()) == ["MANIFEST.json", "vision.safetensors"]
+    assert (mine / "notes.txt").read_text() == "keep" and (mine / "target").is_dir()

@@ -4,6 +4,7 @@ and the greedy completions it is judged on (one padded batch must give what each
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ def _candidate(root: Path, name: str, heldout: float, loops: float, distinct: fl
     folder = root / name
     folder.mkdir(parents=True)
     (folder / "MANIFEST.json").write_text(json.dumps({
-        "heldout_loss": heldout, "training": {"site_bytes": site_mb * 1_000_000},
+        "spec": {}, "heldout_loss": heldout, "training": {"site_bytes": site_mb * 1_000_000},
         "quality": {"loop_share": loops, "distinct_2": distinct}}))
     (folder / "model.safetensors").write_bytes(b"weights of " + name.encode())
     return folder
@@ -75,10 +76,33 @@ def test_pick_target_command_copies_the_chosen_one_or_writes_nothing(tmp_path: P
     assert json.loads((out / "MANIFEST.json").read_text())["heldout_loss"] == 3.5
     run = _pick(str(b), "--into", str(out))  # an earlier pick is not replaced without --force
     assert run.returncode == 1 and "--force" in run.stderr
-    for inside in (b, b / "picked"):  # a candidate itself, or a folder inside one, is never the output
-        run = _pick(str(a), str(b), "--into", str(inside), "--force")
-        assert run.returncode == 1 and "candidate" in run.stderr, run.stderr
+    for inside in (b, b / "picked", tmp_path):  # a candidate, a folder inside one or holding one: never the output
+        run = _pick(str(b), "--into", str(inside), "--force")
+        assert run.returncode == 1 and f"{b}" in run.stderr and "choose a" in run.stderr, run.stderr
     assert (b / "model.safetensors").read_bytes() == b"weights of b" and not (b / "picked").exists()
+    run = _pick(str(b), "--into", str(out), "--force")  # an earlier pick (a trained target) is replaced
+    assert run.returncode == 0 and json.loads((out / "MANIFEST.json").read_text())["heldout_loss"] == 3.5, run.stderr
+
+
+def test_targets_never_replace_another_commands_folder(tmp_path: Path):
+    """`kimi models pick-target ... --into models/pair-vision --force` and `kimi models train-target models/pair
+    --force` used to replace any folder with a MANIFEST.json; the tower and the pair are another command's."""
+    from kimi.models import SHIPPED_PAIR
+    from kimi.models.trained import train_target
+
+    b = _candidate(tmp_path, "b", 3.5, 0.0, 0.6)
+    tower = tmp_path / "tower"
+    shutil.copytree(SHIPPED_PAIR.parent / "pair-vision", tower)
+    run = _pick(str(b), "--into", str(tower), "--force")
+    assert run.returncode == 1 and "another command's output" in run.stderr, run.stderr
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    shutil.copy(SHIPPED_PAIR / "MANIFEST.json", pair)
+    for folder in (tower, pair):
+        with pytest.raises(KimiError, match="another command's output .* choose another folder"):
+            train_target(folder, force=True)
+    assert sorted(p.name for p in tower.iterdir()) == ["MANIFEST.json", "vision.safetensors"]
+    assert [p.name for p in pair.iterdir()] == ["MANIFEST.json"]
 
 
 def test_selection_prompts_are_not_the_benchmarks_prompts():

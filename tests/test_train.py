@@ -160,6 +160,21 @@ def test_acceptance_benchmark_writes_its_chart_beside_the_json(tmp_path: Path):
     assert_png(root / "benchmarks" / "results" / "acceptance.png", min_size=(400, 300))  # the recorded one
 
 
+def test_export_never_replaces_a_folder_another_command_wrote(tmp_path: Path):
+    """`kimi train export --out models/pair/target --force` used to replace any folder holding a config.json: a
+    target's names no aux layer ids, so it is refused before the checkpoint is read."""
+    from kimi.errors import KimiError
+    from kimi.models import SHIPPED_PAIR
+    from kimi.train.export import export
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text((SHIPPED_PAIR / "target" / "config.json").read_text())
+    with pytest.raises(KimiError, match="another command's output"):
+        export(tmp_path / "work", target, str(SHIPPED_PAIR / "target"), force=True)
+    assert [p.name for p in target.iterdir()] == ["config.json"]
+
+
 def test_shifted_ids_move_every_id_by_one_inside_the_target():
     from kimi.errors import KimiError
     from kimi.train.export import shifted_ids

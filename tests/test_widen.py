@@ -4,6 +4,7 @@ its norm weights rescaled exactly, and block-FP8 then takes the published 128 x 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,17 @@ def test_the_widened_target_computes_what_the_shipped_one_does(wide: Path) -> No
 def test_a_pair_that_is_not_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(KimiError, match="not a reference pair"):
         widen_pair(tmp_path, tmp_path / "out")
+
+
+def test_force_replaces_an_earlier_widened_pair_only(wide: Path, tmp_path: Path) -> None:
+    """`kimi models widen models/pair-vision --force` used to replace the trained tower (any folder with a
+    MANIFEST.json); the pair it reads and a folder inside it are refused too."""
+    tower, pair = tmp_path / "tower", tmp_path / "pair"
+    shutil.copytree(SHIPPED_PAIR.parent / "pair-vision", tower)
+    shutil.copytree(SHIPPED_PAIR, pair)
+    for out, why in ((tower, "another command's output"), (pair, "is an input"), (pair / "wide", "lies inside")):
+        with pytest.raises(KimiError, match=why):
+            widen_pair(pair, out, force=True)
+    assert sorted(p.name for p in tower.iterdir()) == ["MANIFEST.json", "vision.safetensors"]
+    assert not (pair / "wide").exists() and check_pair(pair)
+    assert widen_pair(SHIPPED_PAIR, wide, force=True)["files"] == check_pair(wide)["files"]  # its own: replaced

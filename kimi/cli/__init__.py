@@ -1,7 +1,8 @@
 """The ``kimi`` command line (also ``python -m kimi``): the parser built from one module per command
 group (each with an ``add_commands`` hook and its ``cmd_*`` functions), and the dispatch.
 
-Exit codes: 0 success, 1 a failure reported with its fix, 2 a usage error.
+Exit codes: 0 success, 1 a failure reported with its fix, 2 a usage error (a command run by an interpreter without
+the fork's environment's packages, torch or safetensors for one, is one: :func:`outside_env`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def outside_env(module: str, layout: Layout) -> str:
+    """The one-line error for a command that needs ``module`` (a package ``kimi setup`` installs into the fork's
+    environment) run by an interpreter without it: where the environment is, how to make it and to enter it."""
+    venv = layout.root / ".venv"
+    return (f"{sys.executable} cannot import {module}, which this command needs: run it in the fork's environment "
+            f"{venv} (`python3 -m kimi setup` makes it, `source {venv}/bin/activate` enters it)")
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -70,11 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # clean up like Ctrl-C: temporary files go, nothing half-written
+    layout = Layout.of()
     try:
-        return args.func(args, Layout.of())
+        return args.func(args, layout)
     except KimiError as exc:
         print(f"kimi {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").partition(".")[0]
+        if module in ("", "kimi"):  # not a package of the environment: a bug, shown as one
+            raise
+        print(f"kimi {args.command}: error: {outside_env(module, layout)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"kimi {args.command}: interrupted", file=sys.stderr)
         return 130

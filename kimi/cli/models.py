@@ -147,16 +147,13 @@ def cmd_train_target(args: argparse.Namespace, layout: Layout) -> int:
 
 def cmd_pick_target(args: argparse.Namespace, layout: Layout) -> int:
     """``kimi models pick-target CANDIDATE... --into OUT``: the best trained target, copied; 3 if none clears."""
-    from kimi.errors import KimiError
     from kimi.fork.fsutil import check_replaceable, copy_folder
     from kimi.log import sayer
+    from kimi.models import OUTPUT_KEYS
 
     say = sayer("models")
-    into = args.into.resolve()
-    for candidate in args.candidates:
-        if candidate.resolve() in (into, *into.parents):
-            raise KimiError(f"--into {args.into} is (or lies inside) the candidate {candidate}: choose a folder "
-                            "outside the candidates")
+    check_replaceable(args.into, "MANIFEST.json", args.force, keep=(Path.cwd(),), inputs=tuple(args.candidates),
+                      marker_keys=OUTPUT_KEYS["train-target"])  # a copy of one: what train-target writes
     chosen, rows = pick_target(args.candidates, QualityBar(args.max_loop_share, args.min_distinct_2))
     for row in rows:
         say(f"{row['target']}: site {row['site_bytes'] / 1e6:.0f} MB, held-out loss {row['heldout_loss']:.3f}, "
@@ -165,7 +162,6 @@ def cmd_pick_target(args: argparse.Namespace, layout: Layout) -> int:
     if chosen is None:
         say("no candidate clears the bar: nothing written (exit 3)")
         return 3
-    check_replaceable(args.into, "MANIFEST.json", args.force, keep=(Path.cwd(), *args.candidates))
     copy_folder(chosen, args.into)
     say(f"kept {chosen} as {args.into}")
     return 0
@@ -186,8 +182,8 @@ def cmd_train_vision(args: argparse.Namespace, layout: Layout) -> int:
 
     from kimi.fork.fsutil import check_replaceable
     from kimi.log import sayer
-    from kimi.models import SHIPPED_PAIR
-    from kimi.models.pair_k25 import SHIPPED_VISION, VISION_KEYS, write_vision
+    from kimi.models import OUTPUT_KEYS, SHIPPED_PAIR
+    from kimi.models.pair_k25 import SHIPPED_VISION, write_vision
     from kimi.models.vision import VisionRecipe, check_target, train_vision
 
     out = args.out or SHIPPED_VISION
@@ -196,7 +192,7 @@ def cmd_train_vision(args: argparse.Namespace, layout: Layout) -> int:
                      **({"snippets": args.snippets} if args.snippets else {}))
     check_target(target)  # these before minutes of training
     check_replaceable(out, "MANIFEST.json", args.force, keep=(Path.cwd(),), inputs=(target,),
-                      marker_keys=VISION_KEYS)
+                      marker_keys=OUTPUT_KEYS["train-vision"])
     tensors, record = train_vision(target, recipe, say=sayer("models"))
     write_vision(out, tensors, record, recipe, force=True)
     return 0

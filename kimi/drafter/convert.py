@@ -27,6 +27,8 @@ from kimi.drafter.inspect import Report, inspect
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, staged_folder, write_atomic
 
+#: The config key a converted copy records its source in: what marks a folder as an earlier conversion.
+CONVERTED_FROM = "kimi_converted_from"
 _SPECULATORS_KEYS = ("speculators_model_type", "speculators_config", "speculators_version", "transformer_layer_config",
                      "auto_map")
 
@@ -54,7 +56,7 @@ def _converted_config(cfg: dict, report: Report, ids: list[int]) -> dict:
     out[IDS_FIELD] = ids
     out[CONVENTION_FIELD] = LAYER_INPUT
     out["num_aux_hidden_states"] = len(ids)
-    out["kimi_converted_from"] = {"format": report.format, "ids_written": report.as_dict()["aux_layer_ids_written"],
+    out[CONVERTED_FROM] = {"format": report.format, "ids_written": report.as_dict()["aux_layer_ids_written"],
                                   "field": report.aux.where, "convention": report.aux.convention}
     return out
 
@@ -90,7 +92,8 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
     Args:
         src: the drafter checkpoint folder.
         dst: the folder to create, outside ``src``; an existing one is only
-            replaced with ``force`` and only if it is a checkpoint folder.
+            replaced with ``force`` and only if it is an earlier conversion
+            (its config.json has :data:`CONVERTED_FROM`).
         target: target folder or config.json; needed when the source has no ids,
             and checks the ids against the target's depth.
         convention: the convention of the written ids (``layer_input`` or
@@ -103,7 +106,7 @@ def convert(src: Path, dst: Path, target: Path | None = None, convention: str | 
             drafter has blocking problems (listed), or writing fails (nothing
             is left behind).
     """
-    check_replaceable(dst, "config.json", force, keep=(src, Path.cwd()))
+    check_replaceable(dst, "config.json", force, keep=(src, Path.cwd()), marker_keys=(CONVERTED_FROM,))
     if convention is not None and convention not in CONVENTIONS:
         raise KimiError(f"--convention must be one of {', '.join(CONVENTIONS)}")
     report = inspect(src, target)

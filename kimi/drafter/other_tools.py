@@ -60,7 +60,7 @@ def speculators_checkpoint(drafter: Path, target: Path, dst: Path, force: bool =
 
     Raises:
         KimiError: speculators is not installed, the drafter is not Llama-style or has no ids, or ``dst``
-            is in the way.
+            is in the way (with ``force`` too, unless it is an earlier speculators checkpoint).
     """
     try:
         from speculators.convert.entrypoints import convert_model
@@ -68,7 +68,8 @@ def speculators_checkpoint(drafter: Path, target: Path, dst: Path, force: bool =
         raise KimiError(f"speculators is not importable ({exc}): `.venv/bin/pip install --no-deps speculators` "
                         "and its missing dependencies (docs/drafters.md)") from None
     ckpt, ids = _llama_drafter(drafter)
-    check_replaceable(dst, "config.json", force, keep=(drafter, target, Path.cwd()))
+    check_replaceable(dst, "config.json", force, keep=(drafter, target, Path.cwd()),
+                      marker_keys=("speculators_config",))
     with staged_folder(dst) as staging:
         convert_model(model=str(drafter), verifier=str(target), algorithm="eagle3", output_path=str(staging),
                       eagle_aux_hidden_state_layer_ids=list(ids),
@@ -93,7 +94,8 @@ def specforge_checkpoint(drafter: Path, dst: Path, force: bool = False) -> Path:
 
     Raises:
         KimiError: the drafter is not Llama-style, has no ids, uses id 0 (the embedding output, which
-            "output of layer k" cannot name), lacks a tensor SpecForge's export requires, or ``dst`` is in the way.
+            "output of layer k" cannot name), lacks a tensor SpecForge's export requires, or ``dst`` is in the way
+            (with ``force`` too, unless it is an earlier SpecForge layout: an ``eagle_config``).
     """
     from safetensors.torch import load_file, save_file
     from transformers import LlamaConfig
@@ -108,7 +110,7 @@ def specforge_checkpoint(drafter: Path, dst: Path, force: bool = False) -> Path:
     config = {k: v for k, v in ckpt.config.items() if k not in _OUR_ID_KEYS}
     config["eagle_config"] = {**(config.get("eagle_config") or {}), IDS_FIELD: [i - 1 for i in ids],
                               "use_aux_hidden_state": True}
-    check_replaceable(dst, "config.json", force, keep=(drafter, Path.cwd()))
+    check_replaceable(dst, "config.json", force, keep=(drafter, Path.cwd()), marker_keys=("eagle_config",))
     tensors = {}
     for file in ckpt.weight_files():
         tensors.update({k: v for k, v in load_file(str(file)).items() if "embed" not in k.lower()})

@@ -8,3 +8,17 @@ from pathlib import Path
 #: h200``), its drafter by ``kimi models train-pair --recipe h200`` there too; ``docs/reference-models.md`` says how
 #: to make it again.
 SHIPPED_PAIR = Path(__file__).resolve().parents[2] / "models" / "pair"
+
+#: The top-level MANIFEST.json keys that mark a folder as an earlier output of each ``kimi models`` command that
+#: writes one (``pick-target`` copies a ``train-target`` output): with ``--force`` a command replaces only a folder
+#: whose manifest holds its own keys (``kimi.fork.fsutil.check_replaceable``), never another command's output, such
+#: as the shipped pair, its target or the trained tower.
+OUTPUT_KEYS = {
+    "make": ("spec", "kimi_k25"),
+    "train-target": ("spec", "training"),
+    "train-pair": ("recipe", "served"),
+    "train-vision": ("recipe", "vision"),
+    "pair-k25": ("kimi_k25", "vision_sha256"),
+    "quantize": ("scheme", "quantization_config"),
+    "widen": ("widened_from",),
+}

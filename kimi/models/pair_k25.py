@@ -27,7 +27,7 @@ from kimi.fork.fsutil import (
     write_atomic,
 )
 from kimi.log import sayer
-from kimi.models import SHIPPED_PAIR
+from kimi.models import OUTPUT_KEYS, SHIPPED_PAIR
 from kimi.models.vision import VISION
 
 #: The shipped trained tower (tracked: ``vision.safetensors``, ``MANIFEST.json``).
@@ -35,11 +35,6 @@ SHIPPED_VISION = SHIPPED_PAIR.parent / "pair-vision"
 WEIGHTS = "vision.safetensors"
 #: The projector's last layer: its rows are the image rows the text model reads ([hidden_size, 4 x tower width]).
 PROJECTOR_OUT = "mm_projector.proj.2.weight"
-
-#: The top-level manifest keys that mark a folder as an earlier output of each command (another command's folder,
-#: the shipped pair's for one, also holds a MANIFEST.json and is never replaced by these).
-VISION_KEYS = ("recipe", "vision")
-WRAPPER_KEYS = ("kimi_k25", "vision_sha256")
 
 say = sayer("models")
 
@@ -49,13 +44,13 @@ def write_vision(out: Path, tensors: dict, record: dict, recipe, force: bool = F
 
     Raises:
         KimiError: ``out`` exists without ``force`` or is not an earlier tower (``check_replaceable`` with
-            :data:`VISION_KEYS`); writing failed.
+            ``OUTPUT_KEYS["train-vision"]``); writing failed.
     """
     import torch
     import transformers
     from safetensors.torch import save_file
 
-    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), marker_keys=VISION_KEYS)
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), marker_keys=OUTPUT_KEYS["train-vision"])
     with staged_folder(out) as staging:
         save_file(tensors, str(staging / WEIGHTS), metadata={"format": "pt"})
         os.chmod(staging / WEIGHTS, default_mode())
@@ -83,7 +78,7 @@ def load_vision(folder: Path = SHIPPED_VISION) -> tuple[dict, dict]:
         manifest = read_json_object(manifest_path)
     except ValueError as exc:
         raise KimiError(f"{exc}: not a trained tower's manifest") from None
-    if not all(key in manifest for key in VISION_KEYS) or WEIGHTS not in manifest.get("files", {}):
+    if not all(key in manifest for key in OUTPUT_KEYS["train-vision"]) or WEIGHTS not in manifest.get("files", {}):
         raise KimiError(f"{manifest_path} is not a trained tower's manifest (written by `kimi models train-vision`)")
     if sha256_file(weights) != manifest["files"][WEIGHTS]:
         raise KimiError(f"{weights} is not the file its MANIFEST.json names: restore it (`git checkout -- "
@@ -112,7 +107,7 @@ def assemble(out: Path, pair: Path = SHIPPED_PAIR, vision: Path = SHIPPED_VISION
     pair_manifest = check_pair(pair)
     tensors, vision_manifest = load_vision(vision)
     check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), inputs=(pair, vision),
-                      marker_keys=WRAPPER_KEYS)
+                      marker_keys=OUTPUT_KEYS["pair-k25"])
     target = pair / "target"
     text = json.loads((target / "config.json").read_text())
     width = tensors[PROJECTOR_OUT].shape[0]

@@ -31,6 +31,7 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
+from kimi.models import OUTPUT_KEYS
 from kimi.models.tokenizer import copy_tokenizer_files
 
 SCHEMES = ("fp8-block", "int4-experts")
@@ -198,7 +199,8 @@ def quantize_target(source: Path, out: Path, scheme: str, force: bool = False) -
 
     Raises:
         KimiError: an unknown scheme, a source that is not such a target (already quantized, sharded, another
-            architecture), or an ``out`` that may not be replaced (see ``check_replaceable``).
+            architecture), or an ``out`` that may not be replaced (``source`` itself, a folder holding it or inside
+            it, or one that is not an earlier quantized copy: ``check_replaceable``, ``OUTPUT_KEYS["quantize"]``).
     """
     import torch
     from safetensors.torch import load_file, save_file
@@ -212,7 +214,8 @@ def quantize_target(source: Path, out: Path, scheme: str, force: bool = False) -
     if cfg.get("model_type") not in ("deepseek_v3", "kimi_k2") or "quantization_config" in cfg:
         raise KimiError(f"{source}: a bf16 DeepSeek-V3-architecture target is needed (model_type "
                         f"{cfg.get('model_type')!r}{', already quantized' if 'quantization_config' in cfg else ''})")
-    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(), source))
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), inputs=(source,),
+                      marker_keys=OUTPUT_KEYS["quantize"])
     say = sayer("models")
     tensors = {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in load_file(weights).items()}
     say(f"quantizing {source} ({len(tensors)} tensors) as {scheme}")

@@ -34,7 +34,7 @@ import numpy as np
 from kimi.drafter.conventions import CONVENTION_FIELD, IDS_FIELD, LAYER_INPUT, default_ids
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
-from kimi.models import kimi_k25
+from kimi.models import OUTPUT_KEYS, kimi_k25
 from kimi.models.kimi_k25 import VisionSpec
 from kimi.models.tokenizer import SPECIAL_TOKENS, save_tokenizer, stdlib_corpus, train_tokenizer
 
@@ -265,10 +265,10 @@ def make_reference_models(out: Path, spec: ReferenceSpec = ReferenceSpec(), forc
         aux layer ids, and the sha256 of every file written.
 
     Raises:
-        KimiError: ``out`` exists (without ``force``), is not an earlier output, holds the
-            working directory, or writing fails (nothing is left behind).
+        KimiError: ``out`` exists (without ``force``), is not an earlier output of this command
+            (``OUTPUT_KEYS["make"]``), holds the working directory, or writing fails (nothing is left behind).
     """
-    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),))
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), marker_keys=OUTPUT_KEYS["make"])
     corpus = stdlib_corpus()
     say(f"training the tokenizer on {len(corpus.files)} stdlib files ({corpus.nbytes / 1e6:.1f} MB, "
         f"Python {corpus.python})")

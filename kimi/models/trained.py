@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kimi.fork.fsutil import check_replaceable, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
+from kimi.models import OUTPUT_KEYS
 from kimi.models.reference import ReferenceSpec, target_config
 from kimi.models.selection import greedy_quality
 from kimi.models.tokenizer import (
@@ -258,9 +259,10 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
         and the device.
 
     Raises:
-        KimiError: ``out`` exists (without ``force``) or is not an earlier output; ``cfg.device`` is
-            ``cuda`` on a machine without one.
+        KimiError: ``out`` exists (without ``force``) or is not an earlier trained target
+            (``OUTPUT_KEYS["train-target"]``); ``cfg.device`` is ``cuda`` on a machine without one.
     """
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), marker_keys=OUTPUT_KEYS["train-target"])
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -268,7 +270,6 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
 
     from kimi.errors import KimiError
 
-    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),))
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise KimiError("this recipe trains on CUDA and torch sees no GPU here: run `kimi models train-target "
                         "--recipe h200` on a CUDA host, or `--recipe cpu` for a weak target trained here")

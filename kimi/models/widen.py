@@ -32,6 +32,7 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
 from kimi.log import sayer
+from kimi.models import OUTPUT_KEYS
 from kimi.models.shipped import check_pair, pair_digests
 from kimi.models.tokenizer import copy_tokenizer_files
 
@@ -139,7 +140,9 @@ def widen_pair(source: Path, out: Path, force: bool = False) -> dict:
 
     Raises:
         KimiError: ``source`` is not a complete pair, its drafter is not Llama-style EAGLE-3 or not as wide as the
-            target, a tensor has a name or shape this widening does not know, or ``out`` may not be replaced.
+            target, a tensor has a name or shape this widening does not know, or ``out`` may not be replaced
+            (``source`` itself, a folder holding it or inside it, or not an earlier widened pair:
+            ``OUTPUT_KEYS["widen"]``).
     """
     from safetensors.torch import load_file, save_file
 
@@ -149,7 +152,8 @@ def widen_pair(source: Path, out: Path, force: bool = False) -> dict:
     if drafter_cfg.get("architectures") != ["LlamaForCausalLMEagle3"]:
         raise KimiError(f"widen: {source}/drafter is {drafter_cfg.get('architectures')}, not a Llama-style EAGLE-3 "
                         "drafter")
-    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(), source))
+    check_replaceable(out, "MANIFEST.json", force, keep=(Path.cwd(),), inputs=(source,),
+                      marker_keys=OUTPUT_KEYS["widen"])
     t_widths, d_widths = widths_of(target_cfg, drafter_cfg)
     say = sayer("models")
     say(f"widening {source}: " + ", ".join(f"{k} {o} -> {n}" for k, (o, n, _) in t_widths.items()))

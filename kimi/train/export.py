@@ -37,10 +37,12 @@ def export(work: Path, out: Path, target: str, force: bool = False) -> Path:
     """Write ``out`` from ``work/train/checkpoint.pt`` and ``work/vocab.safetensors`` (atomically).
 
     Raises:
-        KimiError: no checkpoint, or ``out`` exists (without ``force``).
+        KimiError: ``out`` exists (without ``force``) or is not an earlier export (its config.json names no aux
+            layer ids with their convention: a target, another checkpoint), or there is no checkpoint.
     """
     from safetensors.torch import load_file, save_file
 
+    check_replaceable(out, "config.json", force, keep=(Path.cwd(),), marker_keys=(IDS_FIELD, CONVENTION_FIELD))
     ckpt = work / "train" / "checkpoint.pt"
     if not ckpt.is_file():
         raise KimiError(f"no {ckpt}: run `kimi train train` first")
@@ -51,7 +53,6 @@ def export(work: Path, out: Path, target: str, force: bool = False) -> Path:
     max_positions = int(config.get("text_config", config)["max_position_embeddings"])
     tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in state["model"].items()}
     tensors.update({"d2t": vocab["d2t"].to(torch.int64), "t2d": vocab["t2d"].to(torch.bool)})
-    check_replaceable(out, "config.json", force, keep=(Path.cwd(),))
     with staged_folder(out) as staging:
         write_atomic(staging / "config.json", json.dumps(drafter_config(meta["shape"], meta["aux_layer_ids"],
                                                                         max_positions), indent=2) + "\n")

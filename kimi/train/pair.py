@@ -24,7 +24,8 @@ from pathlib import Path
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
 from kimi.errors import KimiError
-from kimi.fork.fsutil import copy_folder, write_atomic
+from kimi.fork.fsutil import check_replaceable, copy_folder, write_atomic
+from kimi.models import OUTPUT_KEYS
 from kimi.models.shipped import pair_digests
 from kimi.models.trained import H200_TRAINING, TargetTraining, train_target
 from kimi.train.acceptance import served_acceptance
@@ -137,6 +138,23 @@ def place_target(source: Path, target: Path) -> None:
     say(f"target: {source} copied to {target}")
 
 
+#: What a pair folder holds while it is trained (before its MANIFEST.json is written).
+PAIR_PARTS = ("target", "work", "drafter")
+
+
+def check_pair_folder(out: Path, force: bool) -> None:
+    """Refuse ``out`` when its MANIFEST.json is another command's (without ``OUTPUT_KEYS["train-pair"]``), or, with
+    ``force`` (which removes what it holds), when it holds no manifest and something else than a pair being trained
+    (:data:`PAIR_PARTS`).
+
+    Raises:
+        KimiError: from ``check_replaceable``, with the way out.
+    """
+    foreign = force and out.is_dir() and any(item.name not in PAIR_PARTS for item in out.iterdir())
+    if (out / "MANIFEST.json").exists() or foreign:
+        check_replaceable(out, "MANIFEST.json", True, marker_keys=OUTPUT_KEYS["train-pair"])
+
+
 def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False, tiny: bool = False,
                target_from: Path | None = None) -> dict:
     """Make (or finish) the pair in ``out``; returns its manifest.
@@ -151,9 +169,11 @@ def train_pair(out: Path, recipe: PairRecipe | None = None, force: bool = False,
 
     Raises:
         KimiError: a complete pair made with another recipe (without ``force``), a ``target_from`` inside ``out``,
-            or a ``target/`` trained with other settings than the recipe's.
+            a ``target/`` trained with other settings than the recipe's, or an ``out`` that is not a pair
+            (:func:`check_pair_folder`).
     """
     recipe = recipe or (TINY if tiny else PairRecipe())
+    check_pair_folder(out, force)
     if target_from is not None:
         source, inside = target_from.resolve(), out.resolve()
         if inside in source.parents and source != inside / "target":
