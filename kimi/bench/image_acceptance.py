@@ -74,7 +74,7 @@ def rows_check(llm, tensors: dict, text: str) -> dict:
     llm.generate([request], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     records = llm.collective_rpc(draft_inputs.take)[0]["target"]
     rows = {}
-    for positions, values in records:
+    for positions, values, _ in records:
         for i, pos in enumerate(positions.tolist()):
             rows.setdefault(pos, values[i])
     mine = image_rows(tensors, patches([render(text)]))[0]

@@ -296,4 +296,13 @@ def _checks_lines(result: dict) -> list[str]:
                 lines.append(f"| {style} ({run['engine']['model_runner']}) | {name} | {s['image_positions']} | "
                              f"{s['image_equal']} | {s['image_placeholder']} | {s['image_not_read']} | "
                              f"{', '.join(map(str, s.get('image_unequal_at') or []))} |")
+    histories = [(style, name, position, passes) for style, runs in result["drafter_inputs"].items() for run in runs
+                 for name, s in run["scenarios"].items()
+                 for position, passes in (s.get("image_unequal_history") or {}).items()]
+    if histories:
+        lines += ["", ("Where a drafter row was not the target's, every drafter pass that recorded one there (pass "
+                       "index: rows from first position, KV slot, the row read):"), ""]
+        lines += [f"- {style} {name}, position {position}: " + "; ".join(
+            f"pass {h['pass']}: {h['pass_rows']} from {h['pass_first']}, slot {h['slot']}, {h['row']}" for h in passes)
+            for style, name, position, passes in histories]
     return lines

@@ -37,8 +37,8 @@ def _target(runner):
     return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
 
-def _padding(layer, count: int):
-    """``[count]`` bool, True for the rows of this forward pass that write no KV (slot -1: rows a runner pads its
+def _slots(layer, count: int):
+    """``[count]`` int64, the KV cache slot each row of this forward pass writes (-1: none, a row a runner pads its
     batch with, whose positions and inputs are whatever its buffers held), read from vLLM's forward context: the
     slot mapping of ``layer``'s attention module (``layer_name``). None where the context does not say."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -51,19 +51,20 @@ def _padding(layer, count: int):
     for module in layer.modules():
         mapping = slots.get(getattr(module, "layer_name", None))
         if mapping is not None and mapping.shape[0] >= count:
-            return mapping[:count] < 0
+            return mapping[:count]
     return None
 
 
 def _record(into: list, layer, positions, rows) -> None:
-    """Append CPU copies of ``positions`` [T] and the first T rows of ``rows`` (float32) to ``into``, without the
-    padding rows (:func:`_padding` of ``layer``)."""
+    """Append CPU copies of ``positions`` [T], the first T rows of ``rows`` (float32) and their KV slots [T] (None
+    where the forward context does not say, :func:`_slots` of ``layer``) to ``into``, without the rows that write
+    no KV (slot -1)."""
     count = positions.shape[-1]
-    positions, rows = positions[:count], rows[:count]
-    padding = _padding(layer, count)
-    if padding is not None:
-        positions, rows = positions[~padding], rows[~padding]
-    into.append((positions.detach().cpu().clone(), rows.detach().float().cpu().clone()))
+    positions, rows, slots = positions[:count], rows[:count], _slots(layer, count)
+    if slots is not None:
+        keep = slots >= 0
+        positions, rows, slots = positions[keep], rows[keep], slots[keep].detach().cpu().clone()
+    into.append((positions.detach().cpu().clone(), rows.detach().float().cpu().clone(), slots))
 
 
 def _drafter(runner):
@@ -112,7 +113,8 @@ def install(worker) -> dict:
 
 def take(worker) -> dict:
     """The records since :func:`install` or the last :func:`take` (then cleared): ``{"target": [(positions,
-    rows)], "drafter": [(positions, rows)]}``, tensors on the CPU."""
+    rows, slots)], "drafter": [(positions, rows, slots)]}``, one entry per forward pass, tensors on the CPU
+    (``slots`` None where vLLM's forward context did not give them)."""
     records = getattr(worker, _ATTR)
     out = {key: list(value) for key, value in records.items()}
     records.update(target=[], drafter=[])
@@ -130,11 +132,50 @@ def token_row(worker, token_id: int):
 
 
 def _last_rows(records: list) -> dict:
-    """``{position: row}`` from ``[(positions [T], rows [T, H])]``, later records replacing earlier ones."""
+    """``{position: row}`` from ``[(positions [T], rows [T, H], slots)]``, later records replacing earlier ones."""
     out: dict = {}
-    for positions, rows in records:
+    for positions, rows, _ in records:
         for i, pos in enumerate(positions.tolist()):
             out[pos] = rows[i]
+    return out
+
+
+def _drafter_rows(drafter: list, target: list) -> dict:
+    """``{position: row}``: for each position, the drafter row whose K/V its attention reads there, i.e. the last
+    drafter row written into the KV slot the target's row for that position went to. Both share the slot
+    numbering (V1's proposer and V2's speculator run the drafter on the target's slot mapping; on CPU V1 every
+    position's slot was seen equal for both drafter styles), and the slot, unlike the recorded position, cannot
+    be stale: V2 runs the rows of a request's rejected draft positions with whatever its position and token
+    buffers held (the last prefill pass's, placeholder ids included) and writes them past the accepted length.
+    Without slots (no forward context) the last row recorded at each position."""
+    slot_of: dict = {}
+    for positions, _, slots in target:
+        if slots is not None:
+            slot_of.update(zip(positions.tolist(), slots.tolist(), strict=True))
+    if not slot_of:
+        return _last_rows(drafter)
+    by_slot: dict = {}
+    for _, rows, slots in drafter:
+        if slots is not None:
+            by_slot.update(zip(slots.tolist(), rows, strict=True))
+    return {pos: by_slot[slot] for pos, slot in slot_of.items() if slot in by_slot}
+
+
+def history(records: list, position: int, target_row, placeholder_row, atol: float = 1e-5) -> list[dict]:
+    """Every drafter row recorded at ``position``, in the order of the passes: ``{"pass": index of the forward
+    pass among ``records``, "pass_rows": rows that pass kept, "pass_first": its first position, "slot": the KV
+    slot the row wrote (None: not known), "row": "target" (equal to ``target_row``), "placeholder" (equal to
+    ``placeholder_row``) or "other"}``. Tells which pass left a wrong row and whether it wrote the drafter's KV."""
+    import torch
+
+    out = []
+    for index, (positions, rows, slots) in enumerate(records):
+        for i in (positions == position).nonzero().flatten().tolist():
+            row = rows[i]
+            kind = ("target" if target_row is not None and torch.allclose(row, target_row, atol=atol, rtol=0) else
+                    "placeholder" if torch.allclose(row, placeholder_row, atol=atol, rtol=0) else "other")
+            out.append({"pass": index, "pass_rows": int(positions.shape[0]), "pass_first": int(positions[0]),
+                        "slot": None if slots is None else int(slots[i]), "row": kind})
     return out
 
 
@@ -156,19 +197,20 @@ def compare(records: dict, prompt_ids: list[int], media_id: int, placeholder_row
         read (prefix-cached), "image_target_is_placeholder": image positions where the target's own row was the
         placeholder's (the test would then prove nothing), "text_positions", "text_equal", "max_image_diff",
         "image_unequal_at": the positions of the image tokens read where the drafter's row was not the target's,
-        "image_placeholder_at": of them, those where it was the placeholder's}``.
-        Each position counts once, with the last row recorded for it: the row left in the KV cache (during a
+        "image_placeholder_at": of them, those where it was the placeholder's, "image_unequal_history": for each
+        of them (a string key), the drafter's rows recorded there pass by pass (:func:`history`)}``.
+        Each position counts once, with the drafter row left in its KV slot (:func:`_drafter_rows`; during a
         chunked prefill the drafter's discarded draft steps run at the next chunk's first positions, whose
-        rows that chunk's pass then writes again); padding rows are not recorded (:func:`_record`).
+        slots that chunk's pass then writes again); padding rows are not recorded (:func:`_record`).
     """
     import torch
 
-    target, drafter = _last_rows(records["target"]), _last_rows(records["drafter"])
+    target, drafter = _last_rows(records["target"]), _drafter_rows(records["drafter"], records["target"])
     placeholder = placeholder_row.float().cpu()
     out = dict.fromkeys(("image_positions", "image_equal", "image_placeholder", "image_not_read",
                          "image_target_is_placeholder", "text_positions", "text_equal"), 0)
     out["max_image_diff"] = 0.0
-    out["image_unequal_at"], out["image_placeholder_at"] = [], []
+    out["image_unequal_at"], out["image_placeholder_at"], out["image_unequal_history"] = [], [], {}
     for read in range(1, len(prompt_ids)):
         mine, theirs = drafter.get(read - 1), target.get(read)
         kind = "image" if prompt_ids[read] == media_id else "text"
@@ -182,6 +224,9 @@ def compare(records: dict, prompt_ids: list[int], media_id: int, placeholder_row
             is_placeholder = bool(torch.allclose(mine, placeholder, atol=atol, rtol=0))
             out["image_placeholder"] += is_placeholder
             out["image_unequal_at"] += [] if equal else [read]
+            if not equal:
+                out["image_unequal_history"][str(read)] = history(records["drafter"], read - 1, theirs, placeholder,
+                                                                  atol)
             out["image_placeholder_at"] += [read] if is_placeholder else []
             out["image_target_is_placeholder"] += bool(torch.allclose(theirs, placeholder, atol=atol, rtol=0))
             out["max_image_diff"] = max(out["max_image_diff"], float((mine - theirs).abs().max()))
