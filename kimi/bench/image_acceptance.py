@@ -156,15 +156,12 @@ def summary(results: dict[str, dict]) -> dict:
     with EAGLE-3 = the baseline's), and whether the target's image output follows the image: how many image
     prompts (and blank prompts) give the text prompt's output (baseline), and the mean common prefix."""
     from kimi.bench.gpu_e2e.summary import compare
+    from kimi.e2e.engine import common_prefix
 
     base = results["baseline"]["sets"]
-
-    def common(a, b):
-        return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
     n = len(base["text"]["tokens"])
     follows = {name: {"identical": compare(base[name]["tokens"], base["text"]["tokens"])["identical"], "total": n,
-                      "mean_common_prefix": sum(map(common, base[name]["tokens"], base["text"]["tokens"])) / n}
+                      "mean_common_prefix": sum(map(common_prefix, base[name]["tokens"], base["text"]["tokens"])) / n}
                for name in ("image", "blank")}
     out: dict = {"image_follows_text": follows, "modes": {}}
     for mode in ("fork", "upstream"):

@@ -182,13 +182,12 @@ def _parts(entry: dict, ref: dict) -> dict[int, int] | None:
     differs between ``entry`` and ``ref`` (a length difference parts at the shorter one's end); None without both.
     Late parting under a batch-shape change is what near-tied logits give; a drafter fed wrong inputs cannot move
     a greedy output at all, so where a sequence parts is the evidence to set beside the controls."""
+    from kimi.e2e.engine import common_prefix
+
     if not entry.get("tokens") or not ref.get("tokens"):
         return None
-    out = {}
-    for i, (a, b) in enumerate(zip(entry["tokens"], ref["tokens"], strict=True)):
-        if a != b:
-            out[i] = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return out
+    return {i: common_prefix(a, b) for i, (a, b) in enumerate(zip(entry["tokens"], ref["tokens"], strict=True))
+            if a != b}
 
 
 def _differing(entry: dict, ref: dict) -> list[int] | None:

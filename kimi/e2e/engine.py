@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from kimi.e2e.presets import CPU_ENGINE
 
-__all__ = ["CPU_ENGINE", "GreedyRun", "SPEC_METRICS", "engine_info", "hf_greedy", "identical", "parity",
+__all__ = ["CPU_ENGINE", "GreedyRun", "SPEC_METRICS", "common_prefix", "engine_info", "hf_greedy", "identical",
+           "parity",
            "self_draft_model", "spec_metrics", "spec_metrics_since", "tokenize", "vllm_greedy"]
 
 
@@ -180,6 +181,12 @@ def parity(vllm_run: GreedyRun, hf_tokens: list[list[int]], hf_logits) -> dict:
 def identical(a: GreedyRun, b: GreedyRun) -> dict:
     """``{"identical": sequences equal in both runs, "total": sequences}``."""
     return {"identical": sum(x == y for x, y in zip(a.tokens, b.tokens, strict=True)), "total": len(a.tokens)}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: the index where they part, the shorter one's length when one
+    starts the other (the length of both when equal)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def self_draft_model(target: str, dest: str) -> str:
