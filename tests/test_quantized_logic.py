@@ -52,7 +52,7 @@ def test_pick_names_the_known_variants_for_an_unknown_one() -> None:
 
 def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
     jobs = {j["name"]: j for j in jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)}
-    assert len(jobs) == 3 + 3 + 3 + 3 + 2 + 1 + 1 + 1 + 1
+    assert len(jobs) == 3 + 3 + 3 + 3 + 2 + 1 + 1 + 1 + 1 + 1
     assert jobs["bf16/nospec"]["spec"] is None and jobs["bf16/nospec"]["target"] == "/t/bf16"
     assert jobs["int4-experts/upstream_k3"]["variant"] == "upstream"
     assert jobs["int4-experts/upstream_k3"]["target"] == "/t/int4"
@@ -73,7 +73,10 @@ def test_jobs_carry_the_target_the_kv_dtype_and_the_drafter_overrides() -> None:
 def test_block_fp8_engines_run_without_deep_gemm_and_the_others_as_vllm_chooses() -> None:
     jobs = jobs_of(pick(None, cpu=False), TARGETS, "/d", COMMON)
     fp8 = [j for j in jobs if j["target"] == "/t/fp8"]
-    assert len(fp8) == 7 and all(j["env"] == {"VLLM_USE_DEEP_GEMM": "0"} for j in fp8)  # the control's too
+    hook_off = [j for j in fp8 if j["name"] == "fp8-block+draft-greedy-upstream/fork_k3"]
+    # every block-FP8 engine without DeepGEMM, the control's too
+    assert len(fp8) == 8 and all(j["env"] == {"VLLM_USE_DEEP_GEMM": "0"} for j in fp8 if j not in hook_off)
+    assert hook_off[0]["env"] == {"VLLM_USE_DEEP_GEMM": "0", "KIMI_DRAFT_GREEDY": "upstream"}
     assert all(not j["env"] for j in jobs if j["target"] != "/t/fp8")
     assert variant_settings(VARIANTS[1])["environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
 

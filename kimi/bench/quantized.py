@@ -67,7 +67,9 @@ NO_DEEP_GEMM = {"VLLM_USE_DEEP_GEMM": "0"}
 #: The run's variants, in plan order. Fork against upstream on the three weight layouts and on the bf16 target with
 #: an FP8 KV cache; the FP8 target's KV cache and the drafter's own KV dtype and backend on the fork only (lossless
 #: and τ; the speed of those paths is not the fork's); the one-by-one controls (:data:`ONE_BY_ONE`) of the bf16
-#: target with each KV cache dtype and of the block-FP8 target.
+#: target with each KV cache dtype and of the block-FP8 target; and the fork on the block-FP8 target with its greedy
+#: draft-head hook off (``KIMI_DRAFT_GREEDY=upstream``, upstream's drafting path), which tells the hook's part in
+#: the fork's greedy output from the rest of the fork's.
 VARIANTS = (
     Variant("bf16"),
     Variant("fp8-block", "fp8-block", environ=NO_DEEP_GEMM),
@@ -82,6 +84,8 @@ VARIANTS = (
             baseline="bf16+kv-fp8"),
     Variant("fp8-block+one-by-one", "fp8-block", engine=ONE_BY_ONE, engines=("nospec",), baseline="fp8-block",
             environ=NO_DEEP_GEMM),
+    Variant("fp8-block+draft-greedy-upstream", "fp8-block", engines=("fork",), baseline="fp8-block",
+            environ={**NO_DEEP_GEMM, "KIMI_DRAFT_GREEDY": "upstream"}),
 )
 #: On CPU (``--cpu-smoke``): vLLM 0.32.0's CPU backend runs neither quantized layout (docs/reference-models.md).
 CPU_VARIANTS = ("bf16",)
