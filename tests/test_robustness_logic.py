@@ -93,14 +93,17 @@ def test_compare_counts_identical_differing_crashed_and_hung_calls() -> None:
             "s/2": Outcome("crash", error="refused"), "s/3": Outcome("hang"),
             "s/4": Outcome("ok", [_choice([7]), _choice([8])]), "s/5": Outcome("ok", [_choice([5])])}
     nospec = {"s/0": Outcome("ok", [_choice([1, 2, 3])]), "s/1": Outcome("ok", [_choice([1, 2, 3])]),
-              "s/2": Outcome("ok", [_choice([1])]), "s/3": Outcome("ok", [_choice([1])])}
+              "s/2": Outcome("ok", [_choice([1])]), "s/3": Outcome("ok", [_choice([1])]),
+              "s/4": Outcome("ok", [_choice([6]), _choice([8])])}
     rechunked = {"s/4": Outcome("ok", [_choice([7]), _choice([9])])}
     facts = {"s": {"seconds": 1.0, "idle_after": True, "preemptions": 0, "prefix_cache_hits": 0}}
     row = compare(plan, spec, nospec, rechunked, facts)["s"]
     assert (row["identical"], row["total"], row["crashes"], row["hangs"]) == (1, 2, 1, 1)
     assert (row["seeded_identical"], row["seeded_total"]) == (1, 2)
+    assert (row["seeded_nospec_identical"], row["seeded_nospec_total"]) == (1, 2)  # the same seed without speculation
     assert row["differs"] == [{"call": "s/1", "choice": 0, "against": "nospec", "first_difference": 2},
-                              {"call": "s/4", "choice": 1, "against": "spec_rechunked", "first_difference": 0}]
+                              {"call": "s/4", "choice": 1, "against": "spec_rechunked", "first_difference": 0},
+                              {"call": "s/4", "choice": 0, "against": "nospec", "first_difference": 0}]
     assert len(row["errors"]) == 2
     assert "control_total" not in row
     # the control: the no-speculation server's batched answers against its answers to each call alone

@@ -250,7 +250,8 @@ def first_differences(ours: Outcome, other: Outcome) -> list[int | None]:
 def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: dict, facts: dict,
             alone: dict | None = None) -> dict:
     """Per scenario: requests; ``identical`` / ``total``: greedy choices equal to ``nospec``'s (tokens and finish
-    reason); ``seeded_identical`` / ``seeded_total``: seeded choices equal to ``rechunked``'s; the choices that
+    reason); ``seeded_identical`` / ``seeded_total``: seeded choices equal to ``rechunked``'s, and
+    ``seeded_nospec_identical`` / ``seeded_nospec_total`` to ``nospec``'s (same seed, no speculation); the choices that
     differ (``{"call", "choice", "against", "first_difference"}``), crashes, hangs, unplanned errors, seconds, and
     what proves the path was taken (preemptions, prefix-cache hits, aborts, structured outputs that parse).
 
@@ -260,8 +261,8 @@ def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: di
     rows = {}
     for scenario, calls in plan.items():
         row = {"requests": len(calls), "identical": 0, "total": 0, "seeded_identical": 0, "seeded_total": 0,
-               "differs": [], "crashes": 0, "hangs": 0, "errors": [], "seconds": facts[scenario]["seconds"],
-               "idle_after": facts[scenario]["idle_after"]}
+               "seeded_nospec_identical": 0, "seeded_nospec_total": 0, "differs": [], "crashes": 0, "hangs": 0,
+               "errors": [], "seconds": facts[scenario]["seconds"], "idle_after": facts[scenario]["idle_after"]}
         for call in calls:
             ours = spec[call.name]
             row["crashes"] += ours.status == "crash"
@@ -271,20 +272,23 @@ def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: di
                 continue
             if ours.status == "ok" and not all(choice["finish_reason"] for choice in ours.choices):
                 row["errors"].append(f"{call.name}: a choice without finish reason")
-            against, prefix = {"greedy": ("nospec", ""), "seeded": ("spec_rechunked", "seeded_")}.get(
-                call.compare, (None, ""))
-            other = {"nospec": nospec, "spec_rechunked": rechunked}.get(against, {}).get(call.name)
-            if other is None:
-                continue
-            for i, where in enumerate(first_differences(ours, other)):
-                row[f"{prefix}total"] += 1
-                row[f"{prefix}identical"] += where is None
-                if where is not None:
-                    row["differs"].append({"call": call.name, "choice": i, "against": against,
-                                           "first_difference": where})
-            if len(ours.choices) != len(other.choices):
-                row["errors"].append(f"{call.name}: {len(ours.choices)} choices against {len(other.choices)}")
-            if alone is not None and against == "nospec" and call.name in alone:
+            against = {"greedy": [("nospec", "")],
+                       "seeded": [("spec_rechunked", "seeded_"), ("nospec", "seeded_nospec_")]}.get(call.compare, [])
+            for server, prefix in against:
+                other = {"nospec": nospec, "spec_rechunked": rechunked}[server].get(call.name)
+                if other is None:
+                    continue
+                for i, where in enumerate(first_differences(ours, other)):
+                    row[f"{prefix}total"] += 1
+                    row[f"{prefix}identical"] += where is None
+                    if where is not None:
+                        row["differs"].append({"call": call.name, "choice": i, "against": server,
+                                               "first_difference": where})
+                if len(ours.choices) != len(other.choices):
+                    row["errors"].append(f"{call.name}: {len(ours.choices)} choices against {len(other.choices)} "
+                                         f"({server})")
+            other = nospec.get(call.name) if call.compare == "greedy" else None
+            if alone is not None and other is not None and call.name in alone:
                 control = first_differences(other, alone[call.name])
                 row["control_total"] = row.get("control_total", 0) + len(control)
                 row["control_identical"] = row.get("control_identical", 0) + control.count(None)
