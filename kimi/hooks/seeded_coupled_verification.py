@@ -33,16 +33,19 @@ The standard ``rejection_sample`` runs for every request; it sees the coupled re
 
 Greedy and unseeded requests, requests without draft tokens this step (the plain path: the bonus draw only), and
 batches with draft probabilities or synthetic acceptance are left to the ratio test. A request whose sample this step
-is discarded (a partial prefill, patch 0011) has no draft tokens. ``KIMI_SEEDED_VERIFICATION=upstream`` turns the
-coupling off (the ratio test for every request, as vLLM 0.32.0 does).
+is discarded (a partial prefill, patch 0011) has no draft tokens. The hook's own draws leave the global random
+generators as they were (:func:`_global_rng_kept`), so unseeded requests get vLLM's tokens beside coupled ones.
+``KIMI_SEEDED_VERIFICATION=upstream`` turns the coupling off (the ratio test for every request, as vLLM 0.32.0
+does); a value it does not know fails when the rejection sampler is built (:func:`check_mode`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -67,6 +70,26 @@ def mode() -> str:
     if value not in MODES:
         raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
     return value
+
+
+def check_mode() -> None:
+    """At the rejection sampler's construction (the model runner's, before any weight loads): a bad
+    :data:`MODE_ENV` fails the engine's start with the message of :func:`mode`, not its first seeded step.
+
+    Raises:
+        ValueError: as :func:`mode`.
+    """
+    mode()
+
+
+@contextlib.contextmanager
+def _global_rng_kept(device: torch.device) -> Iterator[None]:
+    """The hook's own draws leave the global random generators (torch's CPU one and, on CUDA, ``device``'s) where
+    they were: vLLM's CPU sampler also takes one value from the global generator per row it samples (the seed of an
+    unseeded row), so without this an unseeded request batched with a coupled one would get other tokens than
+    vLLM gives it (the engine's ``seed`` makes those reproducible)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +150,9 @@ class CoupledVerification:
                 # a draw takes the same from a generator whatever the row: one finite logit keeps it cheap
                 dummy = torch.full((1, logits.shape[-1]), float("-inf"), dtype=torch.float32, device=logits.device)
                 dummy[0, 0] = 0.0
-            for _ in range(n):
-                sample(dummy.clone(), {0: gen}, None, None)
+            with _global_rng_kept(logits.device):
+                for _ in range(n):
+                    sample(dummy.clone(), {0: gen}, None, None)
             requests.append(_Coupled(index, starts[index], n, before, gen.get_state()))
         if not requests:
             return _NONE
@@ -169,12 +193,13 @@ class CoupledVerification:
             gen.set_state(r.before)
             drafts = metadata.draft_token_ids[r.start:r.start + r.num_drafts].tolist()
             tokens = []
-            for j, draft in enumerate(drafts):
-                row = target_logits[r.start + j:r.start + j + 1].clone()
-                tokens.append(int(self._sample(row, {0: gen}, None, None)[0].item()))
-                if tokens[-1] != draft:
-                    break
-            else:
+            with _global_rng_kept(target_logits.device):
+                for j, draft in enumerate(drafts):
+                    row = target_logits[r.start + j:r.start + j + 1].clone()
+                    tokens.append(int(self._sample(row, {0: gen}, None, None)[0].item()))
+                    if tokens[-1] != draft:
+                        break
+            if len(tokens) == r.num_drafts and tokens[-1] == drafts[-1]:  # every draft accepted
                 if not torch.equal(gen.get_state(), r.after_drafts):
                     _log.warning("kimi.hooks.seeded_coupled_verification: %s draws of the %s generator of batch row "
                                  "%d took other values than %s dummy draws: its bonus token did not use the next draw",

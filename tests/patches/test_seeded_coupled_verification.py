@@ -92,12 +92,26 @@ def _drafts(policy: str, n: int, truth: list[int], rng: random.Random) -> list[i
     return out + [rng.randrange(VOCAB) for _ in range(n - len(out))]
 
 
+def _step(torch, outputs: list[list[int]], drafts: list[list[int]]):
+    """One step's ``SpecDecodeMetadata`` and target logits [num drafts + batch, VOCAB] for requests that have
+    emitted ``outputs`` and propose ``drafts`` (the toy target's rows: each draft position, then the bonus)."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    metadata = SpecDecodeMetadata.make_dummy(drafts, torch.device("cpu"))
+    ends = metadata.cu_num_sampled_tokens.tolist()
+    metadata.bonus_logits_indices = torch.tensor([e - 1 for e in ends], dtype=torch.int32)
+    metadata.target_logits_indices = torch.tensor(
+        [s + j for s, d in zip([0, *ends[:-1]], drafts, strict=True) for j in range(len(d))], dtype=torch.int32)
+    rows = [_toy_logits(torch, tokens + d[:j]) for tokens, d in zip(outputs, drafts, strict=True)
+            for j in range(len(d) + 1)]
+    return metadata, torch.stack(rows)
+
+
 def _speculate(torch, native: bool, policy: str, seed: int):
     """Run the batch of :data:`REQUESTS` through ``RejectionSampler.forward`` until every request has
     :data:`OUTPUT_TOKENS` tokens; 0-3 drafts per request and step (some steps none at all). Returns the tokens, the
     seeded generators and the number of the seeded requests' drafts accepted."""
     from vllm.v1.sample.rejection_sampler import RejectionSampler
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
     rng = random.Random(seed)
     truth = {i: _plain(torch, native, i, OUTPUT_TOKENS + 4)[0] for i in SEEDED}
@@ -112,14 +126,8 @@ def _speculate(torch, native: bool, policy: str, seed: int):
             n = 0 if none_this_step else rng.randrange(4)
             future = truth[i][len(tokens):] if i in SEEDED else [rng.randrange(VOCAB) for _ in range(n)]
             drafts.append(_drafts(policy, n, future, rng))
-        rows = [_toy_logits(torch, tokens + d[:j]) for tokens, d in zip(out, drafts, strict=True)
-                for j in range(len(d) + 1)]
-        metadata = SpecDecodeMetadata.make_dummy(drafts, torch.device("cpu"))
+        metadata, logits = _step(torch, out, drafts)
         ends = metadata.cu_num_sampled_tokens.tolist()
-        metadata.bonus_logits_indices = torch.tensor([e - 1 for e in ends], dtype=torch.int32)
-        metadata.target_logits_indices = torch.tensor(
-            [s + j for s, d in zip([0, *ends[:-1]], drafts, strict=True) for j in range(len(d))], dtype=torch.int32)
-        logits = torch.stack(rows)
         result = sampler(metadata, None, logits.clone(), _metadata(torch, list(range(len(REQUESTS))), gens, 0))
         width = result.sampled_token_ids.shape[1]
         logprobs = result.logprobs_tensors.logprobs[:, 0].view(len(REQUESTS), width)
@@ -175,12 +183,38 @@ def test_a_draw_takes_the_same_from_a_generator_whatever_the_row() -> None:
         assert all(torch.equal(s, states[0]) for s in states)
 
 
-def test_a_bad_mode_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kimi.hooks.seeded_coupled_verification import mode
+def test_a_bad_mode_fails_when_the_rejection_sampler_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the model runner's construction, before any weight loads, not at the first seeded step with drafts
+    (which killed the engine while it served)."""
+    torch = _torch()
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
 
     monkeypatch.setenv("KIMI_SEEDED_VERIFICATION", "off")
-    with pytest.raises(ValueError, match="expected one of coupled, upstream"):
-        mode()
+    with pytest.raises(ValueError, match="KIMI_SEEDED_VERIFICATION='off': expected one of coupled, upstream"):
+        RejectionSampler(_sampler(torch, False))
+
+
+def _unseeded_beside_a_coupled_request(torch, monkeypatch: pytest.MonkeyPatch, mode: str):
+    """One step of a seeded request with three drafts beside an unseeded one with two, from global seed 5 (the
+    engine's ``seed``): the unseeded request's tokens and the global generator's state after it."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    monkeypatch.setenv("KIMI_SEEDED_VERIFICATION", mode)
+    metadata, logits = _step(torch, [[], []], [[1, 2, 3], [4, 5]])
+    gens = {0: torch.Generator().manual_seed(REQUESTS[0][3])}
+    torch.manual_seed(5)
+    result = RejectionSampler(_sampler(torch, False))(metadata, None, logits, _metadata(torch, [0, 2], gens))
+    return result.sampled_token_ids[1].tolist(), torch.get_rng_state()
+
+
+def test_coupling_leaves_unseeded_requests_their_own_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU sampler takes one value of the global generator per row it samples: the hook's own draws must
+    not, or an unseeded request batched with a seeded one gets other tokens than vLLM gives it."""
+    torch = _torch()
+    coupled_tokens, coupled_state = _unseeded_beside_a_coupled_request(torch, monkeypatch, "coupled")
+    upstream_tokens, upstream_state = _unseeded_beside_a_coupled_request(torch, monkeypatch, "upstream")
+    assert coupled_tokens == upstream_tokens
+    assert torch.equal(coupled_state, upstream_state)
 
 
 _SCRIPT = textwrap.dedent("""
