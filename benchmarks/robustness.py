@@ -78,16 +78,18 @@ def markdown(result: dict) -> list[str]:
                    f"ending inside a multi-token chunk: {run['stops_inside_multi_token_chunks']}. Server alive after "
                    f"all: {run['server_alive_after']}."), "",
                   ("| scenario | requests | greedy identical / total (control: no speculation, batched = alone) | "
-                   "seeded identical across chunkings (and to no speculation) | crashes | "
+                   "seeded identical across chunkings (and to no speculation; control) | crashes | "
                    "hangs | errors | s | evidence |"), "|---|---|---|---|---|---|---|---|---|"]
         for name, row in run["scenarios"].items():
             evidence = {k: row[k] for k in row if k not in (
                 "requests", "identical", "total", "seeded_identical", "seeded_total", "differs", "crashes", "hangs",
                 "errors", "seconds", "control_identical", "control_total", "seeded_nospec_identical",
-                "seeded_nospec_total")}
+                "seeded_nospec_total", "seeded_control_identical", "seeded_control_total")}
             seeded = f"{row['seeded_identical']} / {row['seeded_total']}" if row["seeded_total"] else "-"
             if row.get("seeded_nospec_total"):
-                seeded += f" ({row['seeded_nospec_identical']} / {row['seeded_nospec_total']})"
+                seeded_control = (f"; control {row['seeded_control_identical']} / {row['seeded_control_total']}"
+                                  if "seeded_control_total" in row else "")
+                seeded += f" ({row['seeded_nospec_identical']} / {row['seeded_nospec_total']}{seeded_control})"
             control = (f" (control {row['control_identical']} / {row['control_total']})"
                        if "control_total" in row else "")
             lines.append(f"| {name} | {row['requests']} | {row['identical']} / {row['total']}{control} | {seeded} | "

@@ -107,9 +107,11 @@ def test_compare_counts_identical_differing_crashed_and_hung_calls() -> None:
     assert len(row["errors"]) == 2
     assert "control_total" not in row
     # the control: the no-speculation server's batched answers against its answers to each call alone
-    alone = {"s/0": Outcome("ok", [_choice([1, 2, 3])]), "s/1": Outcome("ok", [_choice([1, 2, 9])])}
+    alone = {"s/0": Outcome("ok", [_choice([1, 2, 3])]), "s/1": Outcome("ok", [_choice([1, 2, 9])]),
+             "s/4": Outcome("ok", [_choice([6]), _choice([5])])}
     row = compare(plan, spec, nospec, rechunked, facts, alone)["s"]
     assert (row["control_identical"], row["control_total"]) == (1, 2)
+    assert (row["seeded_control_identical"], row["seeded_control_total"]) == (1, 2)  # seeded: batched = alone
     assert (row["identical"], row["total"]) == (1, 2)
 
 
@@ -170,6 +172,8 @@ def test_compared_keeps_the_calls_of_one_kind_by_scenario() -> None:
     greedy = compared(plan, "greedy")
     assert all(c.abort_after is None for calls in greedy.values() for c in calls)  # aborted calls compare nothing
     assert sum(map(len, greedy.values())) == sum(c.compare == "greedy" for calls in plan.values() for c in calls)
+    both = compared(plan, "greedy", "seeded")  # what the control sends alone
+    assert sum(map(len, both.values())) == sum(map(len, greedy.values())) + sum(map(len, seeded.values()))
 
 
 def _chat_plan() -> dict[str, list[Call]]:

@@ -72,6 +72,10 @@ SERVER_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)}
 #: no structural tag, so a forced call goes through vLLM's generic path: the tool's JSON schema as structured output.
 TOOL_CALL_PARSER = "pythonic"
 
+#: The calls the control sends alone to the server without speculation, and the prefix of their counts in a row
+#: (``Call.compare`` -> ``control_`` / ``seeded_control_``): see :func:`compare`.
+CONTROLLED = {"greedy": "control_", "seeded": "seeded_control_"}
+
 #: Prometheus gauges and counters read around scenarios (summed over label sets).
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
           "vllm:prefix_cache_hits_total")
@@ -255,9 +259,10 @@ def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: di
     differ (``{"call", "choice", "against", "first_difference"}``), crashes, hangs, unplanned errors, seconds, and
     what proves the path was taken (preemptions, prefix-cache hits, aborts, structured outputs that parse).
 
-    With ``alone`` (the greedy calls sent one by one to the server without speculation), the control that tells
-    numerics from bugs: ``control_identical`` / ``control_total``, greedy choices of ``nospec`` (sent as a batch)
-    equal to the same server's answers alone, where speculation plays no part."""
+    With ``alone`` (the greedy and seeded calls sent one by one to the server without speculation), the control that
+    tells numerics from bugs: ``control_identical`` / ``control_total`` (greedy) and ``seeded_control_identical`` /
+    ``seeded_control_total`` (seeded), choices of ``nospec`` (sent as a batch) equal to the same server's answers
+    alone, where speculation plays no part."""
     rows = {}
     for scenario, calls in plan.items():
         row = {"requests": len(calls), "identical": 0, "total": 0, "seeded_identical": 0, "seeded_total": 0,
@@ -287,11 +292,12 @@ def compare(plan: dict[str, list[Call]], spec: dict, nospec: dict, rechunked: di
                 if len(ours.choices) != len(other.choices):
                     row["errors"].append(f"{call.name}: {len(ours.choices)} choices against {len(other.choices)} "
                                          f"({server})")
-            other = nospec.get(call.name) if call.compare == "greedy" else None
+            other = nospec.get(call.name) if call.compare in CONTROLLED else None
             if alone is not None and other is not None and call.name in alone:
                 control = first_differences(other, alone[call.name])
-                row["control_total"] = row.get("control_total", 0) + len(control)
-                row["control_identical"] = row.get("control_identical", 0) + control.count(None)
+                prefix = CONTROLLED[call.compare]
+                row[f"{prefix}total"] = row.get(f"{prefix}total", 0) + len(control)
+                row[f"{prefix}identical"] = row.get(f"{prefix}identical", 0) + control.count(None)
         row.update(_evidence(scenario, calls, spec, nospec, facts[scenario]))
         rows[scenario] = row
     return rows
@@ -358,9 +364,10 @@ def metrics_check(counters: dict[str, float]) -> dict:
     return {**counters, "tau": tau(counters), "consistent": accepted <= drafted <= K * drafts and drafts > 0}
 
 
-def compared(plan: dict[str, list[Call]], kind: str) -> dict[str, list[Call]]:
-    """The calls of ``plan`` compared as ``kind`` (``Call.compare``), by scenario; scenarios without one left out."""
-    found = {scenario: [c for c in calls if c.compare == kind] for scenario, calls in plan.items()}
+def compared(plan: dict[str, list[Call]], *kinds: str) -> dict[str, list[Call]]:
+    """The calls of ``plan`` compared as one of ``kinds`` (``Call.compare``), by scenario; scenarios without one left
+    out."""
+    found = {scenario: [c for c in calls if c.compare in kinds] for scenario, calls in plan.items()}
     return {scenario: calls for scenario, calls in found.items() if calls}
 
 
@@ -369,8 +376,9 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
     """The torture run of one drafter style (see the module docstring): per-scenario rows, the bad-request
     statuses, the stop calls placed inside accepted drafts, the spec-decode counters, start-up seconds, and the
     ``vllm bench serve`` rows when ``bench``; servers as :func:`server_args` makes them for ``gpu``, with
-    :data:`KV_CACHE_BYTES` halved for a 2-byte dtype (the same number of tokens). With ``control`` the greedy
-    calls also go one by one to the server without speculation (:func:`compare`'s ``control_*``)."""
+    :data:`KV_CACHE_BYTES` halved for a 2-byte dtype (the same number of tokens). With ``control`` the greedy and
+    seeded calls also go one by one to the server without speculation (:func:`compare`'s ``control_*`` and
+    ``seeded_control_*``)."""
     speculative = {"method": "eagle3", "model": drafter, "num_speculative_tokens": K}
     plan = {**scenarios(pool, MAX_MODEL_LEN), **conversations(pool, decode)}
     dtype = server_dtype(gpu)
@@ -397,7 +405,7 @@ def run_style(style: str, target: str, drafter: str, pool: PromptPool, decode, l
             result["bench_serve"] = bench_serve(server, logs / f"{style}-bench")
     with started("nospec", server_args(None, kv_bytes, gpu=gpu)) as server:
         nospec = run_calls(server, plan, log)
-        alone = run_calls(server, compared(plan, "greedy"), log, one_by_one=True) if control else None
+        alone = run_calls(server, compared(plan, *CONTROLLED), log, one_by_one=True) if control else None
     with started("spec_rechunked", server_args(speculative, kv_bytes, RECHUNKED_TOKENS, gpu)) as server:
         rechunked = run_calls(server, compared(plan, "seeded"), log)
     result["scenarios"] = compare(plan, spec["outcomes"], nospec["outcomes"], rechunked["outcomes"],
