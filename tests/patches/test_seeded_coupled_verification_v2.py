@@ -7,7 +7,7 @@ rejected position from the residual, so with EAGLE-3 the tokens follow the draft
 (``benchmarks/results/robustness-gpu.md``: ``mixed_sampling`` seeded 0/4 identical across token budgets 64 and 512 on
 the H200). With the patch every emitted token of a coupled request is ``gumbel_sample``'s draw at its position.
 
-The first tests check :func:`couple_v2` (the choice of the accepted prefix) and :func:`coupled_requests_v2` (which
+The first tests check ``couple_v2`` (the choice of the accepted prefix) and ``coupled_requests_v2`` (which
 requests) on CPU tensors. The GPU test drives the patched ``RejectionSampler._verify`` step by step against a toy
 target (logits that are a function of the prefix), with drafts that are all right, all wrong or partly right,
 beside an unseeded and a greedy request; the reference is the plain V2 sampling of one request at a time
@@ -18,19 +18,27 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 
-from kimi.hooks.seeded_coupled_verification import couple_v2, coupled_requests_v2
+np = pytest.importorskip("numpy")
 
 
 def _torch():
     return pytest.importorskip("torch")
 
 
+def _hook():
+    """The hook module (it needs torch: the fast tier's python has none)."""
+    _torch()
+    from kimi.hooks import seeded_coupled_verification_v2
+
+    return seeded_coupled_verification_v2
+
+
 @pytest.mark.install
 def test_couple_v2_accepts_the_drafts_that_equal_the_samples_before_them() -> None:
     torch = _torch()
+    couple_v2 = _hook().couple_v2
     # request 0: 3 drafts, all equal to the samples before them -> 4 tokens (the last row's sample is the bonus);
     # request 1: 3 drafts, the second one wrong -> 2 tokens; request 2: no drafts -> 1 token;
     # request 3: 2 drafts, a -1 (never accepted) first -> 1 token; request 4: like request 0 but not coupled.
@@ -48,6 +56,7 @@ def test_couple_v2_accepts_the_drafts_that_equal_the_samples_before_them() -> No
 
 @pytest.mark.install
 def test_only_seeded_sampled_requests_with_one_hot_drafts_are_coupled(monkeypatch: pytest.MonkeyPatch) -> None:
+    coupled_requests_v2 = _hook().coupled_requests_v2
     seeds_set = np.array([True, False, True, True])
     temperature = np.array([0.8, 0.8, 0.0, 1.0], dtype=np.float32)
     idx = np.array([3, 0, 1, 2])
