@@ -118,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
                    help="start the pair's engines at once, then measure them one at a time")
     p.add_argument("--rounds", type=int, default=2,
                    help="with --parallel-start: measure every engine this many times, interleaved")
+    p.add_argument("--pin", action="store_true",
+                   help="with --parallel-start: each engine held to its own share of the CPUs (taskset-like)")
     p.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")

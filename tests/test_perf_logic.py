@@ -19,7 +19,8 @@ from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
 from kimi.bench.perf.plan import plan, variant_env
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.timers import step_times
-from kimi.bench.workers import await_turn
+from kimi.bench.hardware import cpu_groups
+from kimi.bench.workers import WorkerProcess, await_turn
 from kimi.models import kimi_slice
 from pngs import assert_png, require_matplotlib
 
@@ -346,11 +347,13 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     import time
 
     events: list[str] = []
+    pinned: dict = {}
 
     class FakeWorker:
-        def __init__(self, args, job, scratch, parallel=False, threads=None) -> None:
+        def __init__(self, args, job, scratch, parallel=False, threads=None, cpus=None) -> None:
             self.name, self.kind = job["name"], job["fake"]
             assert parallel and threads >= 1
+            pinned[self.name] = cpus
             self.proc = argparse.Namespace(poll=lambda: 1 if self.kind == "dies" else None)
 
         def ready(self) -> bool:
@@ -374,10 +377,11 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     monkeypatch.setattr(orchestrate, "Worker", FakeWorker)
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/upstream_k3", "fake": "dies"},
             {"name": "pair/fork_k3", "fake": "ready"}, {"name": "pair/fork_v2_k3", "fake": "slow"}]
-    args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=2)
+    args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=2, pin=False)
     runs: dict = {}
     reported: list[str] = []
     run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
+    assert set(pinned.values()) == {None}
     # round 1 runs in reverse order (a drift within a round cancels over two rounds)
     assert events == ["collect pair/upstream_k3", "stop pair/fork_v2_k3", "go0 more pair/nospec", "wait0 pair/nospec",
                       "go0 more pair/fork_k3", "wait0 pair/fork_k3", "go1 last pair/fork_k3", "collect pair/fork_k3",
@@ -528,3 +532,59 @@ def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
     assert goal([row])["pair_k3_median_met"] is False  # one round below 0.98
     row.update(fork_vs_upstream_spread=[0.99, 1.1])
     assert goal([row])["pair_k3_median_met"] is True
+
+
+def test_cpu_groups_split_in_order_and_share_when_short() -> None:
+    assert cpu_groups(2, [3, 2, 1, 0]) == [[0, 1], [2, 3]]
+    assert cpu_groups(2, list(range(5))) == [[0, 1], [2, 3]]  # the remainder is left out, groups stay equal
+    assert cpu_groups(3, [0, 1]) == [[0], [1], [0]]
+    with pytest.raises(ValueError):
+        cpu_groups(0, [0, 1])
+
+
+def test_a_pinned_worker_runs_on_its_cpus_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--pin: the worker process (and what it starts) is held to its group; an unpinned one keeps them all."""
+    import time
+
+    script = tmp_path / "bench" / "report_cpus.py"
+    script.parent.mkdir()
+    script.write_text("import json, os, sys\n"
+                      "with open(sys.argv[3], 'a') as f:\n"
+                      "    f.write(json.dumps({'event': 'done', 'job': 'j', 'cpus': sorted(os.sched_getaffinity(0))})"
+                      " + '\\n')\n")
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    mine = sorted(os.sched_getaffinity(0))
+    for name, cpus, expected in (("pinned", [mine[-1]], [mine[-1]]), ("free", None, mine)):
+        worker = WorkerProcess({"jobs": []}, tmp_path / f"{name}.json", tmp_path / f"{name}.events",
+                               tmp_path / f"{name}.log", dict(os.environ), cpus=cpus)
+        assert worker.proc.wait(timeout=30) == 0, (tmp_path / f"{name}.log").read_text()
+        deadline = time.monotonic() + 5
+        while worker.outcome("j") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.outcome("j") == {"status": "done", "cpus": expected}
+
+
+def test_parallel_start_with_pin_gives_each_engine_its_own_cpus(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import time
+
+    given: dict = {}
+
+    class FakeWorker:
+        def __init__(self, args, job, scratch, parallel=False, threads=None, cpus=None) -> None:
+            given[job["name"]] = cpus
+            self.proc = argparse.Namespace(poll=lambda: 1)  # gone at once: collected, nothing measured
+
+        def ready(self) -> bool:
+            return False
+
+        def collect(self, limit: float) -> dict:
+            return {"status": "error", "seconds": 0.0}
+
+    monkeypatch.setattr(orchestrate, "Worker", FakeWorker)
+    monkeypatch.setattr(orchestrate, "cpu_groups", lambda n: cpu_groups(n, list(range(16))))
+    jobs = [{"name": "pair/fork_k3"}, {"name": "pair/upstream_k3"}]
+    run_parallel(argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=1, pin=True), jobs,
+                 time.monotonic() + 600, {}, lambda job: None)
+    assert given == {"pair/fork_k3": list(range(8)), "pair/upstream_k3": list(range(8, 16))}

@@ -19,6 +19,22 @@ def cpu_name() -> str:
     return f"{names[0] if names else platform.machine()}, {cores} cores"
 
 
+def cpu_groups(workers: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """``cpus`` (default the CPUs this process may use) split into ``workers`` contiguous groups of equal size,
+    in CPU order (the remainder left out); with fewer CPUs than workers, one CPU each, shared in turn.
+
+    Raises:
+        ValueError: ``workers`` < 1 or no CPU.
+    """
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if workers < 1 or not cpus:
+        raise ValueError(f"cpu_groups: {workers} workers over CPUs {cpus}")
+    if len(cpus) < workers:
+        return [[cpus[i % len(cpus)]] for i in range(workers)]
+    size = len(cpus) // workers
+    return [cpus[i * size:(i + 1) * size] for i in range(workers)]
+
+
 def device() -> dict:
     """``{"torch", "python", "name", "cuda", "count"}`` plus ``memory_gib`` and ``capability`` (``"90"``) on a
     GPU (device 0); on CPU ``name`` is ``"CPU: <cpu_name()>"`` and ``cuda`` None. Imports torch."""

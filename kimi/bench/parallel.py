@@ -23,6 +23,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from kimi.bench.hardware import cpu_groups
 from kimi.e2e.engine import GreedyRun, identical, vllm_greedy
 from kimi.e2e.presets import CPU_ENGINE
 from kimi.errors import KimiError
@@ -46,12 +47,7 @@ def omp_bind(workers: int, cpus: list[int] | None = None) -> str:
     (``cpus``, default its affinity), split into ``workers`` contiguous groups joined by ``|`` (``"0|1"`` for two
     workers on CPUs 0 and 1); with fewer CPUs than workers, one CPU each, shared in turn (``"0|1|0|1"``). vLLM's
     automatic binding wants a NUMA node per worker, which small hosts lack."""
-    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
-    if len(cpus) < workers:
-        return "|".join(str(cpus[i % len(cpus)]) for i in range(workers))
-    size = len(cpus) // workers
-    groups = [cpus[i * size:(i + 1) * size] for i in range(workers)]
-    return "|".join(",".join(str(c) for c in group) for group in groups)
+    return "|".join(",".join(str(c) for c in group) for group in cpu_groups(workers, cpus))
 
 
 @contextmanager

@@ -119,13 +119,14 @@ def tail(path: Path, lines: int = 40) -> str:
 
 class WorkerProcess:
     """A worker started on ``jobs`` (written to ``jobs_path``; ``events_path`` is emptied first), its output in
-    ``log_path`` (appended to with ``append_log``), in a session of its own (:func:`kill` ends all of it).
+    ``log_path`` (appended to with ``append_log``), in a session of its own (:func:`kill` ends all of it), held
+    with its children to ``cpus`` when given.
 
     ``events`` holds every event read so far (:meth:`read_events`).
     """
 
     def __init__(self, jobs: dict, jobs_path: Path, events_path: Path, log_path: Path, env: dict[str, str],
-                 append_log: bool = False) -> None:
+                 append_log: bool = False, cpus: list[int] | None = None) -> None:
         jobs_path.write_text(json.dumps(jobs))
         events_path.unlink(missing_ok=True)
         self.events_path, self.log_path = events_path, log_path
@@ -133,7 +134,8 @@ class WorkerProcess:
         with open(log_path, "ab" if append_log else "wb") as out:
             self.proc = subprocess.Popen([sys.executable, str(program()), "--worker", str(jobs_path),
                                           str(events_path)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         cwd=checkout(), start_new_session=True)
+                                         cwd=checkout(), start_new_session=True,
+                                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
     def read_events(self) -> list[dict]:
         """The events appended since the last call (complete lines only)."""

@@ -24,7 +24,8 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
              (f"- vLLM: fork {versions.get('fork')}, upstream {versions.get('upstream')}; "
               f"fork greedy drafts: KIMI_DRAFT_GREEDY={settings['fork_greedy']}"),
              (f"- output tokens per request: {settings['tokens']} (pair), {settings.get('slice_tokens')} "
-              f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"),
+              f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"
+              + ("; each engine pinned to its own CPUs" if settings.get("pinned") else "")),
              (f"- goals: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16 (issue G, against 0.26.0); "
               f"median of the per-round fork/upstream >= {GOAL_MEDIAN} at every c on the pair at k = 3 and no round "
               f"below {GOAL_FLOOR} (issue I): {summary['goal']}"), "",
