@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from kimi.bench.hardware import cpu_groups
 from kimi.bench.perf import analysis, orchestrate
 from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
 from kimi.bench.perf.measure import merge_round
@@ -19,7 +20,6 @@ from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
 from kimi.bench.perf.plan import plan, variant_env
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.timers import step_times
-from kimi.bench.hardware import cpu_groups
 from kimi.bench.workers import WorkerProcess, await_turn
 from kimi.models import kimi_slice
 from pngs import assert_png, require_matplotlib

@@ -22,7 +22,8 @@ class Worker:
     """One engine's worker process, its files in the scratch folder (a device call brings back only a few files
     from --out; a failed engine's tail goes into the JSON): ``<engine>.job.json``, ``<engine>.events.jsonl``,
     ``<engine>.log``. With ``parallel`` it measures in turns (turn files ``<engine>.go<r>``, events ``ready`` and
-    ``round``) and compiles into a cache of its own; ``threads`` caps inductor's compile threads; ``cpus`` holds the worker and its engine to those CPUs."""
+    ``round``) and compiles into a cache of its own; ``threads`` caps inductor's compile threads; ``cpus`` holds
+    the worker and its engine to those CPUs."""
 
     def __init__(self, args: argparse.Namespace, job: dict, scratch: Path, parallel: bool = False,
                  threads: int | None = None, cpus: list[int] | None = None) -> None:
@@ -126,13 +127,14 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
     others waiting idle, for ``--rounds`` rounds (engine by engine in plan order, reversed every other round: a
     drift of the host over minutes then touches every engine alike; each concurrency keeps its fastest round; see
     :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine processes) runs on its own
-    contiguous share of the CPUs (:func:`kimi.bench.hardware.cpu_groups`). Engines not collected when it ends (an error, an interrupt) are killed."""
+    contiguous share of the CPUs (:func:`kimi.bench.hardware.cpu_groups`). Engines not collected when it ends (an
+    error, an interrupt) are killed."""
     groups = cpu_groups(len(jobs)) if args.pin else [None] * len(jobs)
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each"
         + (f"; pinned to CPUs {groups}" if args.pin else "") + ")")
     workers = {job["name"]: Worker(args, job, args.scratch, parallel=True, threads=threads, cpus=cpus)
-               for job, cpus in zip(jobs, groups)}
+               for job, cpus in zip(jobs, groups, strict=True)}
     began = time.monotonic()
     waiting = set(workers)
     while waiting and time.monotonic() < min(deadline - 40, began + args.job_timeout_s):
