@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     args.engine = engine_settings(args.cpu_smoke, args.concurrency)
     if args.rounds < 1:
         cli.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.pin and not args.parallel_start:
+        cli.error("--pin pins the engines of --parallel-start; add --parallel-start or leave out --pin")
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
     bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
