@@ -11,11 +11,13 @@ greedy prompts without speculation and with each drafter. Each run is compared w
 greedy output identical, τ from vLLM's counters, start-up seconds. Layouts that vLLM 0.32.0 cannot serve with
 EAGLE-3 (pipeline parallelism on these targets) are refused by the fork before loading; the row keeps the message.
 
-``--executors ray`` (issue 19; ``.venv/bin/python -m pip install ray`` first) runs the multi-worker layout of
-``kimi.bench.parallel.RAY_LAYOUTS`` (TP 2) through vLLM's Ray executor (``--distributed-executor-backend ray``) on a
-local Ray cluster that the run starts and stops (or the one ``RAY_ADDRESS`` names), compared with the target on one
-rank; ``--executors mp ray`` runs both. ``--targets pair`` leaves out the reference models. ``--merge`` keeps the
-rows of ``--out``'s ``parallel.json`` that this run does not redo, so that the Ray rows can be added alone::
+``--executors ray`` (issue 19; ``.venv/bin/python -m pip install ray`` first) runs the multi-worker layouts of
+``kimi.bench.parallel.RAY_LAYOUTS`` (TP 2, PP 2, TP 2 x PP 2) through vLLM's Ray executor
+(``--distributed-executor-backend ray``; on CPU the fork's patch 0021) on a local Ray cluster that the run starts
+and stops with as many CPUs as the largest layout's placement group asks for (``kimi.bench.parallel.ray_cpus``),
+or on the one ``RAY_ADDRESS`` names, compared with the target on one rank; ``--executors mp ray`` runs both.
+``--targets pair`` leaves out the reference models. ``--merge`` keeps the rows of ``--out``'s ``parallel.json`` that
+this run does not redo, so that the Ray rows can be added alone::
 
     .venv/bin/python benchmarks/parallel.py --executors ray --targets pair --merge
 
@@ -38,7 +40,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name
-from kimi.bench.parallel import executor, failure, local_ray, model_rows, reference_drafters
+from kimi.bench.parallel import executor, failure, local_ray, model_rows, ray_cpus, reference_drafters
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
@@ -108,9 +110,9 @@ def main() -> int:
     parser.add_argument("-k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
     parser.add_argument("--executors", nargs="+", choices=("mp", "ray", "serve"), default=["mp"],
-                        help="mp: every layout with vLLM's default executors; ray: TP 2 through vLLM's Ray executor "
-                        "on a local Ray cluster (pip install ray); serve: PP 2 as vllm serve, asked by the openai "
-                        "client")
+                        help="mp: every layout with vLLM's default executors; ray: TP 2, PP 2, TP 2 x PP 2 "
+                        "through vLLM's Ray executor on a local Ray cluster (pip install ray); serve: PP 2 as vllm "
+                        "serve, asked by the openai client")
     parser.add_argument("--targets", nargs="+", choices=("pair", "reference"), default=["pair", "reference"])
     parser.add_argument("--merge", action="store_true",
                         help="keep the rows of --out's parallel.json that this run does not redo")
@@ -155,7 +157,7 @@ def main() -> int:
         target, drafters = models[name]
         prompt_ids = tokenize(str(target), prompts)
         for backend in args.executors:
-            with local_ray() if backend == "ray" else nullcontext():
+            with local_ray(ray_cpus()) if backend == "ray" else nullcontext():
                 result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log,
                                              backend=backend, logs=args.out / "logs" / "parallel")
         result["seconds"] = round(time.monotonic() - began)

@@ -79,7 +79,7 @@ def test_a_refusal_keeps_the_forks_message_and_other_failures_their_tail() -> No
 
 
 def test_ray_rows_run_one_rank_only_once_ray_has_served(monkeypatch: pytest.MonkeyPatch) -> None:
-    """backend="ray": TP 2 through Ray; the one-rank runs (not rows) only once a Ray run served, then compared."""
+    """backend="ray": each Ray layout; the one-rank runs (not rows) only once a Ray run served, then once each."""
     calls: list[tuple] = []
 
     def failing(target, prompt_ids, tokens, tp, pp, spec, backend=None):
@@ -88,8 +88,10 @@ def test_ray_rows_run_one_rank_only_once_ray_has_served(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(parallel, "serve_layout", failing)
     rows = model_rows("pair", "t", {"llama": "d"}, [[9]], 2, 3, lambda msg: None, backend="ray")
-    assert calls == [(2, 1, False, "ray"), (2, 1, True, "ray")]  # no one-rank run to compare nothing with
-    assert [(r["tp"], r["executor"], r["status"]) for r in rows] == [(2, "ray", "unsupported")] * 2
+    ray_calls = [(tp, pp, spec, "ray") for tp, pp in RAY_LAYOUTS for spec in (False, True)]
+    assert calls == ray_calls  # no one-rank run to compare nothing with
+    assert [(r["tp"], r["pp"], r["executor"], r["status"]) for r in rows] == [
+        (tp, pp, "ray", "unsupported") for tp, pp, _, _ in ray_calls]
     assert all(r.get("identical_to_tp1") is None for r in rows)
 
     def serving(target, prompt_ids, tokens, tp, pp, spec, backend=None):
@@ -101,7 +103,8 @@ def test_ray_rows_run_one_rank_only_once_ray_has_served(monkeypatch: pytest.Monk
     calls.clear()
     monkeypatch.setattr(parallel, "serve_layout", serving)
     rows = model_rows("pair", "t", {"llama": "d"}, [[9]], 2, 3, lambda msg: None, backend="ray")
-    assert calls == [(2, 1, False, "ray"), (1, 1, False, None), (2, 1, True, "ray"), (1, 1, True, None)]
+    assert calls[:4] == [(2, 1, False, "ray"), (1, 1, False, None), (2, 1, True, "ray"), (1, 1, True, None)]
+    assert calls[4:] == ray_calls[2:]  # the one-rank runs are made once
     assert [(r["tp"], r["pp"]) for r in rows] == [layout for layout in RAY_LAYOUTS for _ in range(2)]
     ray_llama = rows[1]
     assert ray_llama["identical_to_tp1"] == {"identical": 1, "total": 1} and ray_llama["tau"] == 2.25
@@ -138,6 +141,14 @@ def test_serve_rows_go_through_vllm_serve_and_compare_with_one_rank_in_process(m
     assert parallel.executor(1, 2, "serve") == "serve" and parallel.SERVE_LAYOUTS == ((1, 2),)
 
 
+def test_the_local_ray_cluster_declares_the_cpus_of_the_largest_layouts_bundles(monkeypatch) -> None:
+    """TP 2 x PP 2 on two CPUs binds "0|1|0|1": four one-CPU bundles, so Ray must declare four CPUs."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert parallel.ray_cpus(((2, 1),)) == 2 and parallel.ray_cpus(((2, 1), (2, 2))) == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert parallel.ray_cpus(((2, 2),)) == 16  # four groups of four
+
+
 def test_a_failed_start_up_is_reported_by_its_root_cause_and_ray_on_cpu_as_unsupported() -> None:
     log = ("Traceback (most recent call last):\n  File \"ray_utils.py\", line 574\n    raise ValueError(\n"
            "ValueError: current platform cpu does not support ray.\n(EngineCore pid=1) INFO shutting down\n")
@@ -163,8 +174,8 @@ def test_captured_stderr_catches_what_child_processes_write_and_echoes_it(capfd:
 def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_recorded(trained_pair: Path) -> None:
     """Issue 19: the shipped pair at TP 2 through vLLM's Ray executor on a Ray cluster this test starts and stops.
     vLLM 0.32.0 refuses Ray on its CPU backend before anything loads (``CpuPlatform.ray_device_key`` is empty,
-    :data:`~kimi.bench.parallel.RAY_ON_CPU`), as benchmarks/results/parallel.md records; a vLLM (or fork) that
-    serves it must give the greedy tokens and acceptance counts of TP 1."""
+    :data:`~kimi.bench.parallel.RAY_ON_CPU`); the fork (patch 0021) serves it and must give the greedy tokens and
+    acceptance counts of TP 1."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: .venv/bin/python -m pip install ray")
     import psutil
     from vllm.platforms import current_platform

@@ -8,7 +8,8 @@ serve EAGLE-3 with pipeline parallelism on these targets. Needs the fork's venv 
 
 With ``backend="ray"`` (issue 19) the multi-worker layouts go through vLLM's Ray executor
 (``distributed_executor_backend="ray"``) on a local Ray cluster (:func:`local_ray`, ``pip install ray``), each
-against the same target on one rank; vLLM 0.32.0 refuses Ray on its CPU backend (:data:`RAY_ON_CPU`).
+against the same target on one rank; vLLM 0.32.0 refuses Ray on its CPU backend (:data:`RAY_ON_CPU`), the fork
+serves it (patch ``0021-cpu-ray-executor``).
 
 With ``backend="serve"`` the layouts of :data:`SERVE_LAYOUTS` (PP 2) run as ``vllm serve`` (vLLM's multiprocessing
 executor), the prompts sent at once by the official ``openai`` client, each against the same target on one rank
@@ -30,8 +31,8 @@ from kimi.errors import KimiError
 
 #: (tensor_parallel_size, pipeline_parallel_size) of the runs, one rank first (the reference).
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
-#: The layouts run through vLLM's Ray executor (``backend="ray"``): TP 2, as benchmarks/parallel.py's mp row.
-RAY_LAYOUTS = ((2, 1),)
+#: The layouts run through vLLM's Ray executor (``backend="ray"``), as a multi-node site runs them.
+RAY_LAYOUTS = ((2, 1), (1, 2), (2, 2))
 #: The layouts served by ``vllm serve`` (``backend="serve"``): PP 2, what a Hopper site runs Kimi-K2 across nodes with.
 SERVE_LAYOUTS = ((1, 2),)
 #: What the refusal of an unservable layout says (``check_pipeline_parallel``).
@@ -245,6 +246,13 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
                 + (f"tau {row.get('tau')}, {row['identical_to_tp1']}" if run is not None else row["error"][:200]))
             rows.append(row)
     return rows
+
+
+def ray_cpus(layouts=RAY_LAYOUTS) -> int:
+    """The CPUs a local Ray cluster declares so that each of ``layouts`` gets its placement group: the largest
+    layout's bundles as the fork sizes them on this host (one per worker, the CPUs :func:`omp_bind` gives it; CPUs
+    shared in turn when the workers outnumber them count once per worker), and at least this process's CPUs."""
+    return max(len(os.sched_getaffinity(0)), *(sum(map(len, cpu_groups(tp * pp))) for tp, pp in layouts))
 
 
 @contextmanager
