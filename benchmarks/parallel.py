@@ -35,12 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 from kimi.bench.hardware import cpu_name
-from kimi.bench.parallel import executor, failure, local_ray, model_rows, ray_cpus, reference_drafters
+from kimi.bench.parallel import boundary_drafter, executor, failure, local_ray, model_rows, ray_cpus, reference_drafters
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.e2e.engine import tokenize
 from kimi.e2e.prompts import code_prompts
@@ -67,6 +68,11 @@ def markdown(result: dict) -> list[str]:
              "identical: sequences equal to the same target alone on one rank (and at the same layout)"),
              *[f"- rows added by `{run['command']}` ({run['date']}" + (f", {run['cpu']}" if run.get("cpu") else "")
                + f"): {run['rows']}" for run in result.get("added", [])],
+             *([(f"- drafter `llama-boundary`: the pair's drafter served with aux ids {result['boundary_ids']} "
+                 "(trained on [2, 4, 5]): one inside each of PP 2's stages and one exactly at their boundary, so "
+                 "its τ is lower; lossless all the same")]
+               if result.get("boundary_ids") and any(r["drafter"] == "llama-boundary" for r in result["rows"])
+               else []),
              *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []),
              *([SERVE_NOTE] if any(r["executor"] == "serve" for r in result["rows"]) else []), "",
              ("| model | drafter | tp | pp | executor | status | identical to TP 1 | to same layout, no spec | τ "
@@ -97,6 +103,7 @@ def merged(previous: dict, new: dict) -> dict:
     note = {"command": new["command"], "date": new["date"], "seconds": new.get("seconds"), "cpu": new.get("cpu"),
             "rows": ", ".join(sorted({f"{r['model']} tp {r['tp']} pp {r['pp']} {r['executor']}" for r in new["rows"]}))}
     return {**previous, "versions": {**previous["versions"], **new["versions"]},
+            **{key: new[key] for key in ("boundary_ids",) if key in new},
             "added": [*previous.get("added", []), note], "rows": rows}
 
 
@@ -151,7 +158,10 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"parallel [{time.monotonic() - began:6.0f} s] {msg}", flush=True)
 
-    models = {"pair": (args.pair / "target", {"llama": str(args.pair / "drafter")}),
+    boundary, ids = boundary_drafter(args.pair / "drafter", args.pair / "target",
+                                     Path(tempfile.gettempdir()) / "kimi-parallel-boundary-drafter")
+    result["boundary_ids"] = list(ids)
+    models = {"pair": (args.pair / "target", {"llama": str(args.pair / "drafter"), "llama-boundary": str(boundary)}),
               "reference": (args.models / "target", reference_drafters(args.models))}
     for name in args.targets:
         target, drafters = models[name]

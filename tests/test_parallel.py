@@ -209,42 +209,40 @@ def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_
 
 
 @pytest.mark.install
-def test_tp2_is_lossless_and_pp2_is_refused_on_the_trained_pair(trained_pair: Path) -> None:
-    """The shipped pair on vLLM's CPU backend: EAGLE-3 at TP 2 gives the greedy tokens of the target alone on one
-    rank and the same acceptance counts as TP 1; at PP 2 the fork refuses before anything loads."""
+def test_pp2_eagle3_on_the_pair_is_lossless_and_accepts_as_one_stage(trained_pair: Path) -> None:
+    """The shipped pair on vLLM's CPU backend (torch.compile: vLLM 0.32.0's CPU workers allocate the pipeline's
+    intermediate tensors in the compile warm-up): EAGLE-3 at TP 2 and at PP 2 (patch 0022; upstream fails there,
+    see its header) gives the greedy tokens of the target alone on one rank and the acceptance counts of one rank."""
     from kimi.e2e.engine import tokenize
-    from kimi.e2e.presets import CPU_EAGER
     from kimi.e2e.prompts import code_prompts
 
     target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
     prompt_ids = tokenize(target, code_prompts(4))
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
-    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None, CPU_EAGER)
-    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec, CPU_EAGER)
-    two, entry = parallel.serve_layout(target, prompt_ids, 24, 2, 1, spec, CPU_EAGER)
-    assert entry["status"] == "done", entry
-    assert two.tokens == base.tokens and one.tokens == base.tokens
-    assert two.counters == one.counters and two.counters["num_drafts"] > 0
-    refused, entry = parallel.serve_layout(target, prompt_ids, 24, 1, 2, spec)
-    assert refused is None and entry["status"] == "refused" and entry["seconds"] < 60
-    assert "--pipeline-parallel-size 1" in entry["error"]
+    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None)
+    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec)
+    assert one.tokens == base.tokens and one.counters["num_accepted_tokens"] > 0
+    for tp, pp in ((2, 1), (1, 2)):
+        run, entry = parallel.serve_layout(target, prompt_ids, 24, tp, pp, spec)
+        assert entry["status"] == "done", (tp, pp, entry)
+        assert run.tokens == base.tokens, (tp, pp)
+        assert run.counters == one.counters, (tp, pp, run.counters, one.counters)
 
 
 @pytest.mark.install
 def test_pp2_vllm_serve_answers_concurrent_openai_requests_like_one_rank(trained_pair: Path, tmp_path: Path) -> None:
-    """``vllm serve`` of the shipped pair's target at PP 2 (vLLM's multiprocessing executor, gloo between the stages)
-    answers four greedy completions sent at once by the openai client with the tokens of the target alone on one
-    rank; with EAGLE-3 the fork refuses the same server before anything loads."""
+    """``vllm serve`` of the shipped pair at PP 2 (vLLM's multiprocessing executor, gloo between the stages), with and
+    without EAGLE-3, answers four greedy completions sent at once by the openai client with the tokens of the target
+    alone on one rank."""
     from kimi.e2e.engine import tokenize
     from kimi.e2e.prompts import code_prompts
 
     target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
     prompt_ids = tokenize(target, code_prompts(4))
-    served, entry = parallel.serve_over_http(target, prompt_ids, 16, 1, 2, None, tmp_path)
-    assert entry["status"] == "done" and entry["failed"] == 0 and entry["requests"] == 4, entry
     one, _ = parallel.serve_layout(target, prompt_ids, 16, 1, 1, None)
-    assert served.tokens == one.tokens
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
-    refused, entry = parallel.serve_over_http(target, prompt_ids, 16, 1, 2, spec, tmp_path)
-    assert refused is None and entry["status"] == "refused" and entry["seconds"] < 120, entry
-    assert "--pipeline-parallel-size 1" in entry["error"]
+    for speculative in (None, spec):
+        served, entry = parallel.serve_over_http(target, prompt_ids, 16, 1, 2, speculative, tmp_path)
+        assert entry["status"] == "done" and entry["failed"] == 0 and entry["requests"] == 4, entry
+        assert served.tokens == one.tokens, speculative
+    assert entry["counters"]["num_drafts"] > 0 and entry["counters"]["num_accepted_tokens"] > 0

@@ -276,6 +276,37 @@ def local_ray(num_cpus: int | None = None):
         ray.shutdown()
 
 
+def boundary_ids(num_layers: int) -> tuple[int, int, int]:
+    """Aux ids (vLLM's convention, the state entering layer k) for a two-stage pipeline of ``num_layers`` layers as
+    vLLM splits it (``get_pp_indices``): one inside the first stage, one exactly at the boundary (the state entering
+    the second stage's first layer, which the first stage computes), one inside the second stage ((2, 3, 5) for
+    6 layers)."""
+    from vllm.distributed.utils import get_pp_indices
+
+    boundary = get_pp_indices(num_layers, 0, 2)[1]
+    return boundary - 1, boundary, num_layers - 1
+
+
+def boundary_drafter(drafter: Path, target: Path, out: Path) -> tuple[Path, tuple[int, ...]]:
+    """A copy of ``drafter`` in ``out`` whose config names the aux ids of :func:`boundary_ids` for ``target`` (a
+    drafter wired to other layers than it was trained on: its acceptance drops, its output must not change); returns
+    the folder and the ids. The copy is written beside ``out`` and renamed into place."""
+    import json
+    import shutil
+
+    num_layers = int(json.loads((target / "config.json").read_text())["num_hidden_layers"])
+    ids = boundary_ids(num_layers)
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(drafter, staging)
+    config = json.loads((staging / "config.json").read_text())
+    config.update(eagle_aux_hidden_state_layer_ids=list(ids), eagle_aux_hidden_state_layer_ids_convention="layer_input")
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out, ids
+
+
 def reference_drafters(models: Path) -> dict[str, str]:
     """The reference models' drafters by style (``kimi models make``: ``drafter-llama``, ``drafter-mla``)."""
     return {style: str(models / f"drafter-{style}") for style in ("llama", "mla")}

@@ -144,17 +144,20 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
 
 def check_pipeline_parallel(spec_config: Any) -> None:
     """Refuse EAGLE-3 with ``pipeline_parallel_size > 1`` on a target whose decoder is ``DeepseekV2Model``
-    (:data:`DEEPSEEK_DECODERS`), which vLLM 0.32.0 cannot serve, before anything loads.
+    (:data:`DEEPSEEK_DECODERS`) where the fork has not made it work, before anything loads: everywhere but vLLM's
+    CPU backend.
 
     Upstream 0.32.0 fails there in both model runners, and only after the target's weights are loaded: the V2 runner
     (the default on CUDA) raises "DeepseekV3ForCausalLM does not support eagle3 with pipeline parallelism"
     (``verify_supports_aux_hidden_states_over_pp``, ``vllm/v1/worker/gpu/model_runner.py``: ``DeepseekV2Model`` does
-    not relay the aux states of earlier stages, vllm#45985), and the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``, every
-    CPU engine) builds the drafter on the last stage only and dies on the others with "'CPUModelRunner' object has no
-    attribute 'drafter'" (vllm#30436, open).
+    not relay the aux states of earlier stages, vllm#45985), and the V1 runner (every CPU engine) builds the drafter
+    on the last stage only and dies on the others with "'CPUModelRunner' object has no attribute 'drafter'"
+    (vllm#30436, open). Patch ``0022-eagle3-pipeline-parallel`` (:mod:`kimi.hooks.eagle3_pipeline_parallel`) makes
+    the V1 runner serve it, lossless against one stage, and is run on CPU only: on a GPU the V2 runner is vLLM's
+    default and the V1 path is untested here (it needs two GPUs).
 
     Raises:
-        DrafterConfigError: the message names the layout and the fix (one pipeline stage).
+        DrafterConfigError: the message names the layout and the fix (one pipeline stage on GPUs).
     """
     parallel = spec_config.target_parallel_config
     stages = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
@@ -162,12 +165,17 @@ def check_pipeline_parallel(spec_config: Any) -> None:
     model_type = str(getattr(target_config.hf_text_config, "model_type", ""))
     if stages <= 1 or model_type not in DEEPSEEK_DECODERS:
         return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # the V1 runner with the aux states relayed (patch 0022)
+        return
     tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
     raise DrafterConfigError(
         f"EAGLE-3 with pipeline_parallel_size={stages} on the {model_type} target {target_config.model}: vLLM "
-        "0.32.0 cannot serve it and would fail only after loading the target's weights (its DeepSeek decoder does "
-        "not pass the aux states of earlier pipeline stages to the drafter, vllm#45985, and the V1 model runner "
-        "has no drafter on the earlier stages, vllm#30436). Fix: serve with --pipeline-parallel-size 1 and "
-        f"spread the model with tensor parallelism instead (--tensor-parallel-size {tp * stages} over the same "
-        "GPUs, across nodes if need be), or leave out --speculative-config."
+        "0.32.0 cannot serve it on GPUs and would fail only after loading the target's weights (its DeepSeek "
+        "decoder does not pass the aux states of earlier pipeline stages to the drafter, vllm#45985, and the V1 "
+        "model runner has no drafter on the earlier stages, vllm#30436; the fork serves it on CPU only, patch "
+        f"0022). Fix: serve with --pipeline-parallel-size 1 and spread the model with tensor parallelism instead "
+        f"(--tensor-parallel-size {tp * stages} over the same GPUs, across nodes if need be), or leave out "
+        "--speculative-config."
     )
