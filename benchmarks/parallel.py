@@ -69,8 +69,8 @@ def markdown(result: dict) -> list[str]:
              *[f"- rows added by `{run['command']}` ({run['date']}" + (f", {run['cpu']}" if run.get("cpu") else "")
                + f"): {run['rows']}" for run in result.get("added", [])],
              *([(f"- drafter `llama-boundary`: the pair's drafter served with aux ids {result['boundary_ids']} "
-                 "(trained on [2, 4, 5]): one inside each of PP 2's stages and one exactly at their boundary, so "
-                 "its τ is lower; lossless all the same")]
+                 "(trained on [2, 4, 5]): one inside each of PP 2's stages and one exactly at their boundary; its "
+                 "τ is whatever those layers give, its output must stay lossless")]
                if result.get("boundary_ids") and any(r["drafter"] == "llama-boundary" for r in result["rows"])
                else []),
              *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []),
@@ -121,6 +121,9 @@ def main() -> int:
                         "through vLLM's Ray executor on a local Ray cluster (pip install ray); serve: PP 2 as vllm "
                         "serve, asked by the openai client")
     parser.add_argument("--targets", nargs="+", choices=("pair", "reference"), default=["pair", "reference"])
+    parser.add_argument("--layouts", nargs="+", metavar="TPxPP",
+                        help="only these layouts of each executor (e.g. 1x1 1x2 2x2; the one-rank run 1x1 is what "
+                        "the mp rows compare with)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the rows of --out's parallel.json that this run does not redo")
     parser.add_argument("--render", type=Path, metavar="JSON", help="rewrite the markdown of a parallel.json")
@@ -154,6 +157,11 @@ def main() -> int:
                            **({"ray": ray.__version__} if "ray" in args.executors else {})},
               "rows": []}
     prompts = code_prompts(args.prompts)
+    try:
+        layouts = None if args.layouts is None else tuple(
+            (int(tp), int(pp)) for tp, pp in (layout.lower().split("x") for layout in args.layouts))
+    except ValueError:
+        parser.error(f"--layouts takes TPxPP (e.g. 1x2 2x2), got {args.layouts}")
 
     def log(msg: str) -> None:
         print(f"parallel [{time.monotonic() - began:6.0f} s] {msg}", flush=True)
@@ -169,7 +177,7 @@ def main() -> int:
         for backend in args.executors:
             with local_ray(ray_cpus()) if backend == "ray" else nullcontext():
                 result["rows"] += model_rows(name, str(target), drafters, prompt_ids, args.tokens, args.k, log,
-                                             backend=backend, logs=args.out / "logs" / "parallel")
+                                             backend=backend, logs=args.out / "logs" / "parallel", layouts=layouts)
         result["seconds"] = round(time.monotonic() - began)
         shown = merged(previous, result) if previous else result
         write_json(args.out / "parallel.json", shown)

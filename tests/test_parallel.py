@@ -57,6 +57,19 @@ def test_rows_compare_every_layout_with_one_rank_and_keep_refusals(monkeypatch: 
     assert tau({"num_drafts": 0.0}) is None
 
 
+def test_layouts_keeps_only_the_named_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def fake(target, prompt_ids, tokens, tp, pp, spec, backend=None):
+        calls.append((tp, pp))
+        run = GreedyRun([[1, 2]], {"num_drafts": 0.0}, start_s=1.0)
+        return run, {"status": "done", "start_s": 1.0, "seconds": 1.0, "counters": run.counters}
+
+    monkeypatch.setattr(parallel, "serve_layout", fake)
+    rows = model_rows("pair", "t", {}, [[9]], 2, 3, lambda msg: None, layouts=((1, 1), (2, 2)))
+    assert calls == [(1, 1), (2, 2)] and [(r["tp"], r["pp"]) for r in rows] == calls
+
+
 def test_without_one_rank_no_layout_is_called_identical(monkeypatch: pytest.MonkeyPatch) -> None:
     """If the target alone on one rank fails, later layouts have nothing to be compared with (not each other)."""
     def fake(target, prompt_ids, tokens, tp, pp, spec, backend=None):
@@ -206,6 +219,24 @@ def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_
     one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec, CPU_EAGER)
     assert two.tokens == base.tokens and one.tokens == base.tokens
     assert two.counters == one.counters and two.counters["num_drafts"] > 0
+
+
+@pytest.mark.install
+def test_the_boundary_drafter_names_an_id_in_each_stage_and_one_at_their_boundary(trained_pair: Path,
+                                                                                   tmp_path: Path) -> None:
+    import json
+
+    from vllm.distributed.utils import get_pp_indices
+
+    assert parallel.boundary_ids(6) == (2, 3, 5) and parallel.boundary_ids(8) == (3, 4, 7)
+    assert get_pp_indices(8, 1, 2)[0] == 4  # the second stage starts at the boundary id
+    folder, ids = parallel.boundary_drafter(trained_pair / "drafter", trained_pair / "target", tmp_path / "b")
+    config = json.loads((folder / "config.json").read_text())
+    assert ids == (2, 3, 5) and config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 5]
+    assert json.loads((trained_pair / "drafter" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [
+        2, 4, 5]  # the original is untouched
+    assert (folder / "model.safetensors").read_bytes() == (trained_pair / "drafter" / "model.safetensors").read_bytes()
+    assert not (tmp_path / "b.partial").exists()
 
 
 @pytest.mark.install

@@ -195,7 +195,8 @@ def tau(counters: dict) -> float | None:
 
 
 def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: list[list[int]], tokens: int, k: int,
-               log, backend: str = "mp", logs: Path | None = None) -> list[dict]:
+               log, backend: str = "mp", logs: Path | None = None,
+               layouts: tuple[tuple[int, int], ...] | None = None) -> list[dict]:
     """Every layout of :data:`LAYOUTS` for one target (``backend="ray"``: the layouts of :data:`RAY_LAYOUTS` through
     vLLM's Ray executor; ``"serve"``: those of :data:`SERVE_LAYOUTS` through ``vllm serve``, :func:`serve_over_http`,
     its logs under ``logs``): without speculation and with each drafter style of ``drafters`` (style -> folder). Rows
@@ -203,7 +204,8 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
     speculation, with the target alone at the same layout (``identical_to_layout_nospec``) and its counters with
     the same drafter on one rank (``same_counters_as_tp1``); τ from the counters. Layouts that cannot start are rows
     with their status. With ``ray`` or ``serve`` the one-rank runs are not rows (they are the ``mp`` run's) and are
-    made only once such a run has served, to be compared with."""
+    made only once such a run has served, to be compared with. ``layouts`` ((tp, pp) pairs) keeps only those of the
+    backend's layouts."""
     rows: list[dict] = []
     one_rank: dict[str, GreedyRun | None] = {}  # style -> the run at TP 1 x PP 1 ("none": the reference)
     nospec: dict[tuple[int, int], GreedyRun] = {}
@@ -217,6 +219,8 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
         return one_rank[style]
 
     for tp, pp in {"mp": LAYOUTS, "ray": RAY_LAYOUTS, "serve": SERVE_LAYOUTS}[backend]:
+        if layouts is not None and (tp, pp) not in layouts:
+            continue
         for style, spec in specs.items():
             log(f"{name}: tp {tp} pp {pp}, drafter {style}" + (f", {backend} executor" if backend != "mp" else ""))
             if backend == "serve":
