@@ -143,8 +143,8 @@ _PARALLEL = textwrap.dedent("""
     import json, sys, time
     from vllm.engine.arg_utils import EngineArgs
     target, drafter, extra = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512, **extra,
-                      speculative_config={"method": "eagle3", "model": drafter, "num_speculative_tokens": 3})
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3, **extra.pop("draft", {})}
+    args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512, **extra, speculative_config=spec)
     t0 = time.monotonic()
     try:
         config = args.create_engine_config()
@@ -188,6 +188,19 @@ def test_pipeline_parallel_on_a_deepseek_target_passes_on_cpu_and_is_refused_els
     assert "--pipeline-parallel-size 1" in message and "--tensor-parallel-size 4" in message
     spec.target_parallel_config.pipeline_parallel_size = 1
     checks.check_pipeline_parallel(spec)  # one stage passes everywhere
+
+
+def test_a_draft_tensor_parallel_size_the_target_does_not_allow_is_refused_by_vllm_at_config_time(
+        trained_pair: Path) -> None:
+    """Issue 19: a drafter TP other than 1 or the target's stops start-up while the config is built (vLLM's own
+    check, naming the sizes it allows); 1 and the target's own pass."""
+    target, drafter = trained_pair / "target", trained_pair / "drafter"
+    got = parallel_config(target, drafter, tensor_parallel_size=2, draft={"draft_tensor_parallel_size": 3})
+    assert "draft_tensor_parallel_size=3 cannot be other value than 1 or target model tensor_parallel_size" in got[
+        "error"] and got["seconds"] < 60
+    for allowed in (1, 2):
+        assert parallel_config(target, drafter, tensor_parallel_size=2,
+                               draft={"draft_tensor_parallel_size": allowed}) == {"pp": 1, "tp": 2}
 
 
 def test_pipeline_parallel_on_a_llama_target_is_left_to_vllm(tmp_path: Path) -> None:
