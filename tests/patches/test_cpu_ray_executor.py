@@ -61,6 +61,7 @@ def test_bundle_and_actor_take_the_same_cpus_and_no_gpu(monkeypatch: pytest.Monk
 
 def test_rayexecutorv2_asks_ray_for_the_bundles_cpus_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Upstream passed ``resources={"": n}`` here (no CPU key) after ``num_cpus=0``; Ray refuses ``CPU`` there."""
+    pytest.importorskip("ray", reason="vLLM's RayExecutorV2 module needs Ray: .venv/bin/python -m pip install ray")
     from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0,1|2,3")
