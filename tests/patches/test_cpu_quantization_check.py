@@ -44,11 +44,16 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture
 def amx(monkeypatch: pytest.MonkeyPatch):
-    """Set the answer of the AMX probe that vLLM's CPU kernels and the check share."""
+    """Set the answer of the AMX probe that vLLM's CPU kernels and the check share. An AMX CPU also has AVX-512, so
+    vLLM loads its AVX-512 build there, the one that carries the fp8_scaled_mm_cpu op; on an AVX2-only host (as CI
+    runs on) the op is absent, so the fake AMX host gets it too."""
     import torch
+
+    import vllm._custom_ops as ops
 
     def set_amx(present: bool) -> None:
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: present)
+        monkeypatch.setattr(ops, "_supports_cpu_fp8_w8a16", present)
 
     return set_amx
 
