@@ -48,7 +48,6 @@ def amx(monkeypatch: pytest.MonkeyPatch):
     vLLM loads its AVX-512 build there, the one that carries the fp8_scaled_mm_cpu op; on an AVX2-only host (as CI
     runs on) the op is absent, so the fake AMX host gets it too."""
     import torch
-
     import vllm._custom_ops as ops
 
     def set_amx(present: bool) -> None:
