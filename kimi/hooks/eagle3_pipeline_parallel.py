@@ -7,6 +7,17 @@ module where a pipeline stage differs from the last one:
 * :func:`agreed_kv_cache_layouts`: the stages run different attention backends (only the last holds the drafter),
   so their supported KV cache layouts differ, and the engine core's ``resolve_kv_cache_layout`` asserted that they
   agree; it now takes the layouts every worker supports.
+* :func:`upstream_aux_keys`, :func:`makes_aux_here`, :func:`pack_aux`, :func:`gather_aux`: ``DeepseekV2Model``
+  makes the aux hidden states of its own stage's layers, sends them on in the intermediate tensors with those of
+  the stages before, and the last stage hands the drafter all of them in aux-id order (upstream dropped those of
+  earlier stages, vllm#45985).
+* :func:`relays_aux_hidden_states`: the V1 runner of a non-last stage sets the aux layers on its model though it
+  has no drafter (upstream built the drafter on the last stage only and touched it on every stage, vllm#30436).
+* :func:`stage_new_tokens`: a non-last stage recovers the drafts the last stage accepted, which the scheduler
+  does not send it.
+* :class:`PendingDrafts`, :func:`in_flight`: the engine core holds the drafts of a batch still in its batch queue
+  until that batch's output is processed.
+* :func:`holds_target_embedding`: the last stage keeps the target's input embedding for the drafter to share.
 """
 
 from __future__ import annotations
