@@ -6,10 +6,10 @@ Run in the fork's venv (``python3 -m kimi setup`` makes it; ``python3 -m kimi mo
 
 For the shipped trained pair (its Llama-style drafter) and the reference target with both drafter styles
 (Llama-style and MLA-style, random weights), every layout of ``kimi.bench.parallel.LAYOUTS`` (TP 1, TP 2, PP 2,
-TP 2 x PP 2; vLLM's multiprocessing executor, gloo between the CPU workers, one CPU per worker) serves the same
-greedy prompts without speculation and with each drafter. Each run is compared with the target alone on one rank:
-greedy output identical, τ from vLLM's counters, start-up seconds. Layouts that vLLM 0.32.0 cannot serve with
-EAGLE-3 (pipeline parallelism on these targets) are refused by the fork before loading; the row keeps the message.
+TP 2 x PP 2, PP 3; vLLM's multiprocessing executor, gloo between the CPU workers, one CPU per worker, shared where
+there are more workers than CPUs) serves the same greedy prompts without speculation and with each drafter. Each
+run is compared with the target alone on one rank: greedy output identical, τ from vLLM's counters, start-up
+seconds. A layout the fork refuses before loading keeps the refusal's message in its row.
 
 ``--executors ray`` (issue 19; ``.venv/bin/python -m pip install ray`` first) runs the multi-worker layouts of
 ``kimi.bench.parallel.RAY_LAYOUTS`` (TP 2, PP 2, TP 2 x PP 2) through vLLM's Ray executor
@@ -51,6 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Under the header when there are Ray rows.
 RAY_NOTE = ("- executor `ray`: vLLM's Ray executor (`distributed_executor_backend=\"ray\"`) on a local Ray cluster "
             "started and stopped by the run; `unsupported`: vLLM refuses it before loading anything")
+#: Under the header when there are PP 3 rows.
+PP3_NOTE = ("- pp 3: vLLM splits the pair's 6 layers 2 + 2 + 2 and the reference's 8 layers 3 + 3 + 2 "
+            "(`get_pp_indices`); the middle stage receives the first stage's aux states, makes its own and sends "
+            "both on")
 #: Under the header when there are ``vllm serve`` rows.
 SERVE_NOTE = ("- executor `serve`: `vllm serve` (vLLM's multiprocessing executor) answering every prompt at once, "
               "sent by the official `openai` client (completions, greedy, token ids returned); compared with the "
@@ -73,6 +77,7 @@ def markdown(result: dict) -> list[str]:
                  "τ is whatever those layers give, its output must stay lossless")]
                if result.get("boundary_ids") and any(r["drafter"] == "llama-boundary" for r in result["rows"])
                else []),
+             *([PP3_NOTE] if any(r["pp"] == 3 for r in result["rows"]) else []),
              *([RAY_NOTE] if any(r["executor"] == "ray" for r in result["rows"]) else []),
              *([SERVE_NOTE] if any(r["executor"] == "serve" for r in result["rows"]) else []), "",
              ("| model | drafter | tp | pp | executor | status | identical to TP 1 | to same layout, no spec | τ "

@@ -3,8 +3,9 @@ pipeline-parallel layouts on vLLM's CPU backend (gloo between the worker process
 on one rank without speculation.
 
 A layout's run either serves the prompts (greedy tokens, spec-decode counters, start-up seconds) or is refused
-before anything loads (the fork's pre-load check, ``kimi/hooks/eagle3_drafter_checks.py``): vLLM 0.32.0 cannot
-serve EAGLE-3 with pipeline parallelism on these targets. Needs the fork's venv (vLLM, torch).
+before anything loads (the fork's pre-load check, ``kimi/hooks/eagle3_drafter_checks.py``, keeps the message).
+vLLM 0.32.0 cannot serve EAGLE-3 with pipeline parallelism on these targets; the fork serves it on CPU (patch
+``0022-eagle3-pipeline-parallel``) and refuses it on GPUs. Needs the fork's venv (vLLM, torch).
 
 With ``backend="ray"`` (issue 19) the multi-worker layouts go through vLLM's Ray executor
 (``distributed_executor_backend="ray"``) on a local Ray cluster (:func:`local_ray`, ``pip install ray``), each
@@ -29,8 +30,9 @@ from kimi.e2e.engine import GreedyRun, identical, vllm_greedy
 from kimi.e2e.presets import CPU_ENGINE
 from kimi.errors import KimiError
 
-#: (tensor_parallel_size, pipeline_parallel_size) of the runs, one rank first (the reference).
-LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
+#: (tensor_parallel_size, pipeline_parallel_size) of the runs, one rank first (the reference); PP 3 has a middle
+#: stage, which receives aux states, makes its own and sends both on.
+LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 3))
 #: The layouts run through vLLM's Ray executor (``backend="ray"``), as a multi-node site runs them.
 RAY_LAYOUTS = ((2, 1), (1, 2), (2, 2))
 #: The layouts served by ``vllm serve`` (``backend="serve"``): PP 2, what a Hopper site runs Kimi-K2 across nodes with.
