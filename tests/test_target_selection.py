@@ -128,3 +128,25 @@ def test_one_padded_batch_gives_each_prompts_own_greedy_completion():
     assert batched == alone
     assert all(len(c) == 12 for c in batched)
     assert model.training  # the mode it had is restored
+
+
+def test_train_targets_runs_each_candidate_with_its_own_arguments_then_picks(tmp_path: Path):
+    """``benchmarks/train_targets.sh``: a size N is ``--site-mb N`` into siteN, ``NAME=ARGS`` passes ARGS into NAME;
+    pick-target then gets the candidates that ended well (a stub python3 records the calls)."""
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    calls = tmp_path / "calls.txt"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *bad*) exit 1;; esac\nexit 0\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "train_targets.sh"), str(tmp_path / "r"), "10",
+                          "ul=--site-mb 25 --unlikelihood-seconds 5", "bad=--site-mb 1"],
+                         env=env, capture_output=True, text=True, cwd=ROOT)
+    lines = calls.read_text().splitlines()
+    root = tmp_path / "r"
+    assert sorted(lines[:3]) == sorted([
+        f"-m kimi models train-target {root}/site10 --recipe h200 --site-mb 10 --force",
+        f"-m kimi models train-target {root}/ul --recipe h200 --site-mb 25 --unlikelihood-seconds 5 --force",
+        f"-m kimi models train-target {root}/bad --recipe h200 --site-mb 1 --force"])
+    assert lines[3] == f"-m kimi models pick-target {root}/site10 {root}/ul --into {root}/picked --force"
+    assert run.returncode == 1 and "bad failed" in run.stderr  # one candidate failed: named, and exit 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kimi.cli.options import add_force, add_group, positive_int
+from kimi.cli.options import add_force, add_group, positive_float, positive_int
 from kimi.fork.layout import Layout
 from kimi.models.selection import QualityBar, pick_target
 
@@ -33,12 +33,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "7 minutes on one H200; the cpu recipe is minutes on 2 cores and a weak model.")
     p.add_argument("out", nargs="?", type=Path, default=None,
                    help="folder to write (default: .kimi/models/trained/target)")
-    p.add_argument("--recipe", choices=("cpu", "h200"), default="cpu",
-                   help="training settings: cpu (minutes on 2 cores) or h200 (the shipped target's, needs CUDA); "
+    p.add_argument("--recipe", choices=("cpu", "h200", "h200-unlikelihood"), default="cpu",
+                   help="training settings: cpu (minutes on 2 cores), h200 (the shipped target's, needs CUDA) or "
+                        "h200-unlikelihood (more code, then unlikelihood fine-tuning against greedy loops; CUDA); "
                         "default: %(default)s")
     p.add_argument("--steps", type=positive_int, default=None, help="optimiser steps (default: the recipe's)")
     p.add_argument("--site-mb", type=positive_int, default=None,
                    help="also train on this many MB of the installed packages' Python code (default: none)")
+    p.add_argument("--max-seconds", type=positive_float, default=None,
+                   help="stop the next-token training after this many seconds (default: the recipe's)")
+    p.add_argument("--unlikelihood-seconds", type=positive_float, default=None,
+                   help="then fine-tune this long with sequence-level unlikelihood against greedy repeats "
+                        "(default: none)")
+    p.add_argument("--unlikelihood-weight", type=positive_float, default=None,
+                   help="weight of the unlikelihood term (default: 1.0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches (default: %(default)s)")
     add_force(p, "replace an existing folder")
     p.set_defaults(func=cmd_train_target)
@@ -140,7 +148,11 @@ def cmd_train_target(args: argparse.Namespace, layout: Layout) -> int:
 
     out = args.out or layout.private / "models" / "trained" / "target"
     recipe = replace(RECIPES[args.recipe], seed=args.seed, **({"steps": args.steps} if args.steps else {}),
-                     **({"site_bytes": args.site_mb * 1_000_000} if args.site_mb else {}))
+                     **({"site_bytes": args.site_mb * 1_000_000} if args.site_mb else {}),
+                     **{field: value for field, value in (("max_seconds", args.max_seconds),
+                                                          ("unlikelihood_seconds", args.unlikelihood_seconds),
+                                                          ("unlikelihood_weight", args.unlikelihood_weight))
+                        if value is not None})
     train_target(out, cfg=recipe, force=args.force)
     return 0
 

@@ -20,6 +20,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above zero."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
 def add_line(parser: argparse.ArgumentParser, help: str) -> None:
     """``--line NAME`` (default: the mainline); ``help`` says what the line is for."""
     parser.add_argument("--line", default=DEFAULT_LINE, help=f"{help} (default: %(default)s)")

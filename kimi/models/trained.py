@@ -78,6 +78,10 @@ class TargetTraining:
     corpus_bytes: int = MAX_CORPUS_BYTES
     site_bytes: int = 0  # more training code from the installed packages (kimi.models.tokenizer.site_corpus)
     eval_windows: int = 64
+    #: Seconds of sequence-level unlikelihood fine-tuning after the next-token training (kimi.models.unlikelihood;
+    #: 0: none) and the weight of its term.
+    unlikelihood_seconds: float = 0.0
+    unlikelihood_weight: float = 1.0
 
 
 #: The shipped target's recipe: one H200 (bf16 autocast), 390 s of training on the whole stdlib corpus (2.9 M tokens
@@ -92,8 +96,16 @@ H200_TRAINING = TargetTraining(steps=12000, batch=64, seq_len=1024, lr=2e-3, war
                                threads=8, device="cuda", max_seconds=390.0, long_share=0.08,
                                corpus_bytes=40_000_000)
 
+#: The way out of that tension (issue O): the same 25 MB of installed packages' code for 170 s, then 190 s of
+#: sequence-level unlikelihood against greedy repeats (:mod:`kimi.models.unlikelihood`, weight 4). On one H200 it
+#: generalised (held-out 2.56) without looping: loop share 0.00 and distinct-2 0.60 on the selection prompts
+#: (benchmarks/results/logs/pair-unlikelihood-h200/README.md, target ``ul4b``); the same with 230 + 170 s sharing
+#: the GPU with a second run (``ul4``) gave a drafter served at tau 2.29 (k = 3) with a shifted-id gap of 0.36.
+H200_UNLIKELIHOOD_TRAINING = replace(H200_TRAINING, site_bytes=25_000_000, max_seconds=170.0,
+                                     unlikelihood_seconds=190.0, unlikelihood_weight=4.0)
+
 #: Recipes by the name ``kimi models train-target --recipe`` takes.
-RECIPES = {"cpu": TargetTraining(), "h200": H200_TRAINING}
+RECIPES = {"cpu": TargetTraining(), "h200": H200_TRAINING, "h200-unlikelihood": H200_UNLIKELIHOOD_TRAINING}
 
 #: How transformers may run the routed experts (``config._experts_implementation``), fastest first: the
 #: first that runs a training step on this device is used (grouped_mm needs CUDA bf16 in some torch builds).
@@ -233,6 +245,21 @@ def _train(model, tokens, cfg: TargetTraining) -> tuple[list[float], dict]:
                     "train_seconds": round(seconds, 1), "tokens_per_s": round(seen / max(seconds, 1e-9))}
 
 
+def _unlikelihood(model, tokens, cfg: TargetTraining, pad_id: int) -> dict:
+    """The unlikelihood phase (:func:`kimi.models.unlikelihood.finetune`) on seeded windows of ``tokens``; what it
+    did, with its options."""
+    import torch
+
+    from kimi.models.unlikelihood import UnlikelihoodOptions, finetune
+
+    opts = UnlikelihoodOptions(seconds=cfg.unlikelihood_seconds, weight=cfg.unlikelihood_weight)
+    gen = torch.Generator().manual_seed(cfg.seed + 2)
+    say(f"unlikelihood fine-tuning for {opts.seconds:.0f} s (weight {opts.weight}, {opts.ngram}-grams)")
+    done = finetune(model, lambda count, length: _windows(tokens, count, length, gen), (cfg.batch, cfg.seq_len),
+                    opts, pad_id, lambda: _autocast(cfg.device), say)
+    return {**done, "options": asdict(opts)}
+
+
 def eval_loss(model, tokens, cfg: TargetTraining) -> float:
     """Mean next-token loss (nats) of ``model`` on ``cfg.eval_windows`` seeded windows of ``cfg.seq_len`` tokens."""
     import torch
@@ -294,6 +321,8 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
         + (f" or {cfg.max_seconds:.0f} s" if cfg.max_seconds else "")
         + f" on {len(tokens) / 1e6:.2f} M corpus tokens ({len(heldout) / 1e6:.2f} M held out)")
     losses, run = _train(model, tokens, cfg)
+    if cfg.unlikelihood_seconds:
+        run["unlikelihood"] = _unlikelihood(model, tokens, cfg, tokenizer.token_to_id(SPECIAL_TOKENS[2]))
     evaluation = {"train_loss": round(eval_loss(model, tokens, cfg), 4),
                   "heldout_loss": round(eval_loss(model, heldout, cfg), 4),
                   "quality": greedy_quality(model, tokenizer, tokenizer.token_to_id(SPECIAL_TOKENS[2]))}
