@@ -130,3 +130,22 @@ def test_the_recipes_the_command_offers_are_the_recipes_there_are():
     for bad in ("0", "-5", "inf", "nan"):
         with pytest.raises(SystemExit):
             parser.parse_args(["models", "train-target", "--unlikelihood-seconds", bad])
+
+
+@pytest.mark.parametrize("argv, overrides", [
+    (["--steps", "5", "--site-mb", "3"], {"steps": 5, "site_bytes": 3_000_000}),
+    (["--recipe", "h200-unlikelihood", "--max-seconds", "9"], {"max_seconds": 9.0}),
+    (["--unlikelihood-seconds", "7", "--unlikelihood-weight", "2"], {"unlikelihood_seconds": 7.0,
+                                                                     "unlikelihood_weight": 2.0}),
+    ([], {})])
+def test_train_target_takes_the_recipe_with_only_the_options_given(argv, overrides, tmp_path):
+    from dataclasses import replace
+    from unittest import mock
+
+    import kimi.models.trained as trained
+    from kimi.cli import build_parser
+
+    args = build_parser().parse_args(["models", "train-target", str(tmp_path / "t"), *argv])
+    with mock.patch.object(trained, "train_target") as train_target:
+        assert args.func(args, mock.MagicMock()) == 0
+    assert train_target.call_args.kwargs["cfg"] == replace(trained.RECIPES[args.recipe], seed=0, **overrides)

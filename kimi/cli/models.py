@@ -147,12 +147,10 @@ def cmd_train_target(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.models.trained import RECIPES, train_target
 
     out = args.out or layout.private / "models" / "trained" / "target"
-    recipe = replace(RECIPES[args.recipe], seed=args.seed, **({"steps": args.steps} if args.steps else {}),
-                     **({"site_bytes": args.site_mb * 1_000_000} if args.site_mb else {}),
-                     **{field: value for field, value in (("max_seconds", args.max_seconds),
-                                                          ("unlikelihood_seconds", args.unlikelihood_seconds),
-                                                          ("unlikelihood_weight", args.unlikelihood_weight))
-                        if value is not None})
+    given = {"steps": args.steps, "site_bytes": args.site_mb and args.site_mb * 1_000_000,
+             "max_seconds": args.max_seconds, "unlikelihood_seconds": args.unlikelihood_seconds,
+             "unlikelihood_weight": args.unlikelihood_weight}
+    recipe = replace(RECIPES[args.recipe], seed=args.seed, **{k: v for k, v in given.items() if v is not None})
     train_target(out, cfg=recipe, force=args.force)
     return 0
 

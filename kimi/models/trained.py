@@ -320,12 +320,13 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
         f"{experts}) on {cfg.device} for {cfg.steps} steps x {cfg.batch} x {cfg.seq_len} tokens"
         + (f" or {cfg.max_seconds:.0f} s" if cfg.max_seconds else "")
         + f" on {len(tokens) / 1e6:.2f} M corpus tokens ({len(heldout) / 1e6:.2f} M held out)")
+    pad_id = tokenizer.token_to_id(SPECIAL_TOKENS[2])
     losses, run = _train(model, tokens, cfg)
     if cfg.unlikelihood_seconds:
-        run["unlikelihood"] = _unlikelihood(model, tokens, cfg, tokenizer.token_to_id(SPECIAL_TOKENS[2]))
+        run["unlikelihood"] = _unlikelihood(model, tokens, cfg, pad_id)
     evaluation = {"train_loss": round(eval_loss(model, tokens, cfg), 4),
                   "heldout_loss": round(eval_loss(model, heldout, cfg), 4),
-                  "quality": greedy_quality(model, tokenizer, tokenizer.token_to_id(SPECIAL_TOKENS[2]))}
+                  "quality": greedy_quality(model, tokenizer, pad_id)}
     with staged_folder(out) as staging:
         staging.mkdir(parents=True, exist_ok=True)
         write_atomic(staging / "config.json", json.dumps(config, indent=2) + "\n")

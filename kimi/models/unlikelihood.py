@@ -105,10 +105,10 @@ def finetune(model, windows, lm_shape: tuple[int, int], opts: UnlikelihoodOption
     started, steps, shares = time.monotonic(), 0, []
     while time.monotonic() - started < opts.seconds and (opts.max_steps is None or steps < opts.max_steps):
         prefixes = windows(opts.batch, opts.prefix)
-        cont = greedy_completions(model, prefixes.tolist(), opts.tokens, pad_id)
-        marked = repeated_ngram_mask(torch.tensor(cont), opts.ngram)
+        cont = torch.tensor(greedy_completions(model, prefixes.tolist(), opts.tokens, pad_id))
+        marked = repeated_ngram_mask(cont, opts.ngram)
         shares.append(float(marked.float().mean()))
-        sequences = torch.cat([prefixes, torch.tensor(cont, device=prefixes.device)], 1)
+        sequences = torch.cat([prefixes, cont.to(prefixes.device)], 1)
         batch = windows(*lm_shape)
         model.train()
         with autocast():
