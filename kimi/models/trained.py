@@ -298,8 +298,8 @@ def train_target(out: Path, spec: ReferenceSpec = TRAINED_SPEC, cfg: TargetTrain
     from kimi.errors import KimiError
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise KimiError("this recipe trains on CUDA and torch sees no GPU here: run `kimi models train-target "
-                        "--recipe h200` on a CUDA host, or `--recipe cpu` for a weak target trained here")
+        raise KimiError("this recipe trains on CUDA and torch sees no GPU here: run the same `kimi models "
+                        "train-target` on a CUDA host, or `--recipe cpu` for a weak target trained here")
     torch.set_num_threads(cfg.threads)
     corpus = stdlib_corpus(cfg.corpus_bytes)
     say(f"training the tokenizer on {len(corpus.files)} stdlib files, {corpus.nbytes / 1e6:.1f} MB "
