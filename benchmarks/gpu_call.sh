@@ -29,8 +29,10 @@
 #
 # runs COMMAND instead of steps 3 and 4 (after 1, 2 and the kernel build), with KIMI_BUDGET_S (seconds left in
 # the call minus a margin), KIMI_SITE (the fork) and KIMI_UPSTREAM_SITE (a pristine copy of upstream's `vllm`
-# package, made right after the kit is installed: benchmarks/perf_vs_upstream.py runs both) exported. While
-# the kit is incomplete such a call stashes and exits 3 without running COMMAND.
+# package, made right after the kit is installed: benchmarks/perf_vs_upstream.py runs both) exported. COMMAND
+# is stopped 20 s before KIMI_CALL_LIMIT_S (exit 124, "COMMAND STOPPED"), so that a device command's steps after
+# gpu_call.sh (copying results into $OUT) run even when COMMAND overruns. While the kit is incomplete such a
+# call stashes and exits 3 without running COMMAND.
 #
 # Exit status: 0 done (or chunk stashed, kit still incomplete), 2 a carried chunk or the whole stream failed its
 # sha256, 3 no kit to work with (none carried and none installed, or incomplete with a COMMAND), else the failing
@@ -227,9 +229,16 @@ fi
 # -- a command of the caller instead of 3 and 4 --------------------------------------------------------------
 if [ $# -gt 0 ]; then
   export KIMI_BUDGET_S=$(( limit - SECONDS - 45 )) KIMI_SITE=$site KIMI_UPSTREAM_SITE=$upstream
-  note "running $* (budget ${KIMI_BUDGET_S} s)"
-  "$@"
+  # stopped (with its child processes: timeout signals its process group) 20 s before the call's limit, so that
+  # what the caller's device command does after gpu_call.sh (copy or tar results into $OUT) still runs
+  stop=$(( limit - SECONDS - 20 ))
+  note "running $* (budget ${KIMI_BUDGET_S} s; stopped after ${stop} s)"
+  timeout -k 5 "$stop" "$@"
   rc=$?; step command $rc
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    note "COMMAND STOPPED after ${stop} s, 20 s before KIMI_CALL_LIMIT_S=${limit}: what it wrote so far is left" \
+         "for the rest of the call to copy; give it a smaller job or a larger KIMI_CALL_LIMIT_S"
+  fi
   finish $rc
 fi
 

@@ -1,7 +1,7 @@
 """``kimi demo``: the README's main command, the fork's main job end to end on the project's own models.
 
 1. ``kimi setup`` (skipped when the venv already holds this tree);
-2. the models: by default the shipped reference pair (``models/pair``: a stdlib-trained
+2. the models: by default the shipped reference pair (``models/pair``: a Python-trained
    DeepSeek-V3-architecture target and its EAGLE-3 drafter, tracked in the repository, checked against its
    MANIFEST's sha256s; nothing is trained); with ``--models reference`` the random-weight reference models
    (``kimi models make`` into ``.kimi/models/reference`` when missing);
@@ -68,7 +68,7 @@ def demo_models(layout: Layout, models: str, drafter: str | None) -> DemoModels:
             raise KimiError(f"the trained pair has a Llama-style drafter only; --drafter {drafter} is for "
                             "--models reference")
         return DemoModels(SHIPPED_PAIR, SHIPPED_PAIR / "target", SHIPPED_PAIR / "drafter", None,
-                          "the shipped reference pair (stdlib-trained target and its EAGLE-3 drafter)")
+                          "the shipped reference pair (Python-trained target and its EAGLE-3 drafter)")
     if models == "reference":
         folder = layout.private / "models" / "reference"
         return DemoModels(folder, folder / "target", folder / f"drafter-{drafter or 'mla'}",

@@ -360,6 +360,36 @@ def test_the_kit_with_chunks_is_taken_when_an_older_kits_manifest_is_left(tmp_pa
     assert r.returncode == 0 and _names(kit)[0] in r.stdout
 
 
+def test_a_command_that_overruns_is_stopped_before_the_calls_limit(tmp_path: Path) -> None:
+    """COMMAND is stopped 20 s before KIMI_CALL_LIMIT_S, child processes too, so that the device command's steps
+    after gpu_call.sh still copy its results (a 600 s call that ran out inside train-pair + acceptance.py lost
+    everything it had made, 2026-12-04); a command that ends in time keeps its own exit status."""
+    kit = _fake_kit(tmp_path)
+    assert _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0).returncode == 0
+    fake = tmp_path / "python"  # the fork's install, import and kernel build answered; the rest by this Python
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'case "$*" in\n'
+                    "  *install-into*) echo 'install-into: nothing to do'; exit 0 ;;\n"
+                    "  *'import vllm'*) echo 0.32.0+kimi.1.cuda; exit 0 ;;\n"
+                    "  *'kernels build'*) echo '{\"library\": \"\"}'; exit 0 ;;\n"
+                    "esac\n"
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    env = {"KIMI_GPU_STEPS": "all", "KIMI_PYTHON": str(fake), "KIMI_CALL_LIMIT_S": "26"}
+    child = tmp_path / "child-still-running"
+    repo = _repo(tmp_path, kit, [], manifest=False)
+    r = _call(repo, tmp_path, 1, "bash", "-c", f"(sleep 12; touch {child}) & echo started; sleep 60", **env)
+    assert r.returncode == 124, r.stdout + r.stderr
+    assert "started" in r.stdout and "COMMAND STOPPED after" in r.stdout and "KIMI_CALL_LIMIT_S=26" in r.stdout
+    report = json.loads((tmp_path / "out1" / "gpu_call.json").read_text())
+    assert (report["steps"][-1]["step"], report["steps"][-1]["rc"]) == ("command", 124)
+    assert report["seconds"] <= 26 - 20 + 5  # the stop (limit - 20 s) plus timeout's 5 s grace, at most
+    ok = _call(repo, tmp_path, 2, "bash", "-c", "exit 7", **env)
+    assert ok.returncode == 7 and "COMMAND STOPPED" not in ok.stdout
+    subprocess.run(["sleep", "8"], check=True)  # past the 12 s the background child would have taken
+    assert not child.exists()  # the command's children were stopped with it
+
+
 @pytest.mark.skipif(os.environ.get("KIMI_HEAVY") != "1", reason="heavy: installs the real kit (~1.1 GB); "
                     "set KIMI_HEAVY=1 after `bash benchmarks/gpu_kit.sh`")
 def test_rehearsal_of_the_device_calls_with_the_real_kit(tmp_path: Path) -> None:

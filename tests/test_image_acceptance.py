@@ -102,8 +102,11 @@ def test_served_image_rows_output_and_counters(tmp_path: Path) -> None:
     s = summary(runs)
     assert s["rows_check"]["positions"] == 64 and s["rows_check"]["max_abs_diff"] < 1e-4, s["rows_check"]
     follows = s["image_follows_text"]
-    # the image steers the target into the line's continuation for many tokens; the blank image does not
-    assert follows["image"]["mean_common_prefix"] >= 16 > 4 >= follows["blank"]["mean_common_prefix"], follows
+    # the image steers the target into the line's continuation for many tokens, the blank image for a few at most
+    # (the shipped pair of 2026-12-04 on these 4 lines: 19.25 against 4.5; the memorising target before it kept
+    # the blank at 4 or under)
+    image, blank = follows["image"]["mean_common_prefix"], follows["blank"]["mean_common_prefix"]
+    assert image >= max(16, 3 * blank) and blank <= 8, follows
     for name, r in s["modes"]["fork"].items():
         c = r["counters"]
         assert c["num_drafts"] > 0 and c["num_draft_tokens"] == 3 * c["num_drafts"], (name, c)

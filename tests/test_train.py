@@ -152,12 +152,12 @@ def test_acceptance_benchmark_writes_its_chart_beside_the_json(tmp_path: Path):
     spec = importlib.util.spec_from_file_location("acceptance_bench", root / "benchmarks" / "acceptance.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    result = json.loads((root / "benchmarks" / "results" / "acceptance.json").read_text())
+    result = json.loads((root / "benchmarks" / "results" / "cpu" / "acceptance.json").read_text())
     png = bench.chart(result, tmp_path / "acceptance.png")
     assert png == tmp_path / "acceptance.png"
     assert_png(png, min_size=(400, 300))
     assert "![per-position acceptance](acceptance.png)" in bench.markdown(result, png.name)
-    assert_png(root / "benchmarks" / "results" / "acceptance.png", min_size=(400, 300))  # the recorded one
+    assert_png(root / "benchmarks" / "results" / "cpu" / "acceptance.png", min_size=(400, 300))  # the recorded one
 
 
 def test_export_never_replaces_a_folder_another_command_wrote(tmp_path: Path):
