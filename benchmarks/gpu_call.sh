@@ -232,6 +232,9 @@ if [ $# -gt 0 ]; then
   # stopped (with its child processes: timeout signals its process group) 20 s before the call's limit, so that
   # what the caller's device command does after gpu_call.sh (copy or tar results into $OUT) still runs
   stop=$(( limit - SECONDS - 20 ))
+  if [ $stop -lt 1 ]; then  # timeout 0 would mean no limit at all
+    note "COMMAND STOPPED before it started: KIMI_CALL_LIMIT_S=${limit} leaves no time for it"; step command 124; finish 124
+  fi
   note "running $* (budget ${KIMI_BUDGET_S} s; stopped after ${stop} s)"
   timeout -k 5 "$stop" "$@"
   rc=$?; step command $rc

@@ -375,18 +375,20 @@ def test_a_command_that_overruns_is_stopped_before_the_calls_limit(tmp_path: Pat
                     "esac\n"
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
-    env = {"KIMI_GPU_STEPS": "all", "KIMI_PYTHON": str(fake), "KIMI_CALL_LIMIT_S": "26"}
+    env = {"KIMI_GPU_STEPS": "all", "KIMI_PYTHON": str(fake), "KIMI_CALL_LIMIT_S": "30"}
     child = tmp_path / "child-still-running"
     repo = _repo(tmp_path, kit, [], manifest=False)
-    r = _call(repo, tmp_path, 1, "bash", "-c", f"(sleep 12; touch {child}) & echo started; sleep 60", **env)
+    r = _call(repo, tmp_path, 1, "bash", "-c", f"(sleep 20; touch {child}) & echo started; sleep 60", **env)
     assert r.returncode == 124, r.stdout + r.stderr
-    assert "started" in r.stdout and "COMMAND STOPPED after" in r.stdout and "KIMI_CALL_LIMIT_S=26" in r.stdout
+    assert "started" in r.stdout and "COMMAND STOPPED after" in r.stdout and "KIMI_CALL_LIMIT_S=30" in r.stdout
     report = json.loads((tmp_path / "out1" / "gpu_call.json").read_text())
     assert (report["steps"][-1]["step"], report["steps"][-1]["rc"]) == ("command", 124)
-    assert report["seconds"] <= 26 - 20 + 5  # the stop (limit - 20 s) plus timeout's 5 s grace, at most
+    assert report["seconds"] <= 30 - 20 + 5  # the stop (limit - 20 s) plus timeout's 5 s grace, at most
     ok = _call(repo, tmp_path, 2, "bash", "-c", "exit 7", **env)
     assert ok.returncode == 7 and "COMMAND STOPPED" not in ok.stdout
-    subprocess.run(["sleep", "8"], check=True)  # past the 12 s the background child would have taken
+    late = _call(repo, tmp_path, 3, "touch", str(tmp_path / "ran"), **{**env, "KIMI_CALL_LIMIT_S": "20"})
+    assert late.returncode == 124 and "before it started" in late.stdout and not (tmp_path / "ran").exists()
+    subprocess.run(["sleep", "12"], check=True)  # past the 20 s the background child would have taken
     assert not child.exists()  # the command's children were stopped with it
 
 
