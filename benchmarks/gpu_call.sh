@@ -229,9 +229,10 @@ fi
 # -- a command of the caller instead of 3 and 4 --------------------------------------------------------------
 if [ $# -gt 0 ]; then
   export KIMI_BUDGET_S=$(( limit - SECONDS - 45 )) KIMI_SITE=$site KIMI_UPSTREAM_SITE=$upstream
-  # stopped (with its child processes: timeout signals its process group) 20 s before the call's limit, so that
-  # what the caller's device command does after gpu_call.sh (copy or tar results into $OUT) still runs
-  stop=$(( limit - SECONDS - 20 ))
+  # stopped (with its child processes: timeout signals its process group) $copy_s before the call's limit, so
+  # that what the caller's device command does after gpu_call.sh (copy or tar results into $OUT) still runs
+  copy_s=20
+  stop=$(( limit - SECONDS - copy_s ))
   if [ $stop -lt 1 ]; then  # timeout 0 would mean no limit at all
     note "COMMAND STOPPED before it started: KIMI_CALL_LIMIT_S=${limit} leaves no time for it"; step command 124; finish 124
   fi
@@ -239,8 +240,8 @@ if [ $# -gt 0 ]; then
   timeout -k 5 "$stop" "$@"
   rc=$?; step command $rc
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    note "COMMAND STOPPED after ${stop} s, 20 s before KIMI_CALL_LIMIT_S=${limit}: what it wrote so far is left" \
-         "for the rest of the call to copy; give it a smaller job or a larger KIMI_CALL_LIMIT_S"
+    note "COMMAND STOPPED after ${stop} s, ${copy_s} s before KIMI_CALL_LIMIT_S=${limit}: what it wrote so far is" \
+         "left for the rest of the call to copy; give it a smaller job or a larger KIMI_CALL_LIMIT_S"
   fi
   finish $rc
 fi
