@@ -64,12 +64,10 @@ class PairRecipe:
 
 
 #: The drafter made on one H200 (``kimi models train-pair OUT --recipe h200 --target DIR``): the fork's vLLM
-#: answers 24576 prompts there (4096 corpus + 20480 ``transformers`` prompts, 201 s) and the trainer runs on the
-#: GPU, 5 epochs (3840 steps, 187 s); about 510 s in all after the kit. More answers, not more epochs: on the
-#: shipped target, 12288 answers x 10 epochs fitted the samples (TTT accuracy 0.81 at position 0) far better
-#: than it drafted new text (0.55 served) and gave tau 2.10 at k = 3 and a wiring-guard gap of 0.26 on the H200;
-#: these settings gave tau 2.35 served in training and 2.23 / gap 0.30 on CPU (benchmarks/results/cpu/
-#: acceptance.md; logs/pair-unlikelihood-h200). 1536 draft ids cover 98.8 % of the answers' tokens.
+#: answers 24576 prompts there (4096 training-corpus snippets and 20480 of ``transformers``' source) and the
+#: trainer runs on the GPU, 5 epochs of batch 32 (3840 steps); about 510 s after the kit. Twice the answers of the
+#: recipe before it at half the epochs, since that drafter fitted its samples far better than it drafted new text.
+#: Timings and acceptance: benchmarks/results/logs/pair-unlikelihood-h200/, benchmarks/results/cpu/acceptance.md.
 H200_PAIR = PairRecipe(regenerate=RegenerateOptions(num_prompts=4096, max_tokens=96, batch=2048, package="transformers",
                                                     package_prompts=20480),
                        draft_vocab=1536, train=TrainOptions(epochs=5, batch=32, lr=3e-3, warmup=30, save_every=500))
