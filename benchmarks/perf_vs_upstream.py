@@ -144,7 +144,8 @@ def parser() -> argparse.ArgumentParser:
                    help="join calls of the same plan into --out: every call's per-round ratios pooled per row")
     p.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",
                    help="with --combine: a fork engine whose rows do not count, and why")
-    p.add_argument("--note", action="append", default=[], help="with --combine: a note printed under the table")
+    p.add_argument("--note", action="append", default=[],
+                   help="with --combine or --pool: a note printed under the table")
     p.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     return p
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.pool:
         try:
-            summary = pool([json.loads(path.read_text()) for path in args.pool])
+            summary = pool([json.loads(path.read_text()) for path in args.pool], args.note)
         except ValueError as exc:
             cli.error(str(exc))
         write_outputs(args.out, summary, chart=args.chart)

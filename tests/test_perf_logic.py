@@ -504,13 +504,14 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
                 "date": "2026-12-01T00:00:00+00:00", "seconds": 1.0, "rows": [row],
                 "settings": {"concurrency": [4], "tokens": 256, "ks": [3], "reps": len(rounds)}}
 
-    got = pool([part([0.9, 1.2], [1.0]), part([1.05, 1.1, 0.99], [])])
+    got = pool([part([0.9, 1.2], [1.0]), part([1.05, 1.1, 0.99], [])], ["tau is the first call's"])
     [row] = got["rows"]
     assert row["fork_vs_upstream_rounds"] == [0.9, 1.2, 1.05, 1.1, 0.99] and row["fork_vs_upstream_median"] == 1.05
     assert row["fork_vs_upstream_spread"] == [0.9, 1.2] and row["fork_vs_hookoff_rounds"] == [1.0]
     assert row["calls"] == 2 and row["fork_vs_upstream"] == 1.2  # the first call's best-of ratio
     assert got["goal"]["pair_k3_median_min"] == 1.05 and got["goal"]["pair_k3_median_met"] is False  # 0.9 < 0.98
     assert got["command"] == "call [0.9, 1.2] ; call [1.05, 1.1, 0.99]" and "pooled over 2 calls" in got["notes"][0]
+    assert got["notes"][-1] == "tau is the first call's"  # --note with --pool
     assert got["settings"]["reps"] == [2, 3] and row["rounds"] == [5, 5]
     with pytest.raises(ValueError, match="cannot combine"):
         pool([part([1.0], []), part([1.0], [], device="H100")])

@@ -140,3 +140,22 @@ def test_train_pair_never_empties_another_commands_folder(tmp_path: Path) -> Non
         train_pair(mine, force=True)
     assert sorted(p.name for p in tower.iterdir()) == ["MANIFEST.json", "vision.safetensors"]
     assert (mine / "notes.txt").read_text() == "keep" and (mine / "target").is_dir()
+
+
+def test_the_recorded_h200_acceptance_is_the_shipped_pairs_and_meets_issue_o_gates() -> None:
+    """Issue O's evidence, ``benchmarks/results/acceptance.json``: recorded on an H200 with 0.32.0, of the pair in
+    ``models/pair`` (its recipe and stage timings equal the MANIFEST's: another training of the same recipe takes
+    other seconds), τ recomputed from vLLM's counters, and every gate met at issue O's limits."""
+    from kimi.bench.acceptance import GATES, gates
+
+    result = json.loads((SHIPPED_PAIR.parents[1] / "benchmarks" / "results" / "acceptance.json").read_text())
+    manifest = json.loads((SHIPPED_PAIR / "MANIFEST.json").read_text())
+    assert result["device"].startswith("NVIDIA H200") and result["vllm_version"].startswith("0.32.0")
+    assert result["pair"]["recipe"] == manifest["recipe"] and result["pair"]["seconds"] == manifest["seconds"]
+    for tau, counters in ((result["tau"], result["counters"]), (result["tau_shifted_ids"],
+                                                                result["counters_shifted_ids"])):
+        assert tau == pytest.approx(1 + counters["num_accepted_tokens"] / counters["num_drafts"])
+    assert GATES == {"loop_share_max": 0.2, "distinct_2_min": 0.5, "tau_min": 2.0, "tau_max": 3.6,
+                     "shifted_gap_min": 0.3}  # issue O's Must show
+    assert result["quality"]["heldout_loss"] == manifest["target_heldout_loss"]
+    assert gates(result)["all_met"], gates(result)

@@ -231,11 +231,12 @@ def check_same_setup(parts: list[dict]) -> None:
                              f"{first['device']} {first['versions']}")
 
 
-def pool(parts: list[dict]) -> dict:
+def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
     """One result from several calls of the same plan (the same engines measured again): per (model, concurrency,
     k) the per-round ratios of every call (:data:`ROUND_RATIOS`) in one list, their median and spread recomputed,
     and the goal from those; the other columns (tok/s, tau) stay the first call's, which a note says. Rows that
-    only some calls have are kept with those calls' rounds (``calls`` counts them).
+    only some calls have are kept with those calls' rounds (``calls`` counts them). ``notes`` are printed under
+    the table after it.
 
     Raises:
         ValueError: the parts come from different devices or vLLM versions, or measured other concurrencies,
@@ -267,7 +268,8 @@ def pool(parts: list[dict]) -> dict:
     settings = {**parts[0]["settings"], "reps": reps if len(set(reps)) > 1 else reps[0]}
     return {**parts[0], "settings": settings, "rows": rows, "goal": goal(rows), "projection": {},
             "same_as_nospec": {}, "greedy_check": {}, "runs": {},
-            "notes": [*parts[0].get("notes", []), note], "command": " ; ".join(part["command"] for part in parts),
+            "notes": [*parts[0].get("notes", []), note, *(notes or [])],
+            "command": " ; ".join(part["command"] for part in parts),
             "date": max(part["date"] for part in parts), "seconds": sum(part["seconds"] for part in parts)}
 
 
