@@ -237,9 +237,11 @@ if [ $# -gt 0 ]; then
     note "COMMAND STOPPED before it started: KIMI_CALL_LIMIT_S=${limit} leaves no time for it"; step command 124; finish 124
   fi
   note "running $* (budget ${KIMI_BUDGET_S} s; stopped after ${stop} s)"
+  began=$SECONDS
   timeout -k 5 "$stop" "$@"
   rc=$?; step command $rc
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  # 124 / 137 from timeout, or the command's own exit status (it ended before the stop)
+  if { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ $(( SECONDS - began )) -ge "$stop" ]; then
     note "COMMAND STOPPED after ${stop} s, ${copy_s} s before KIMI_CALL_LIMIT_S=${limit}: what it wrote so far is" \
          "left for the rest of the call to copy; give it a smaller job or a larger KIMI_CALL_LIMIT_S"
   fi

@@ -363,7 +363,8 @@ def test_the_kit_with_chunks_is_taken_when_an_older_kits_manifest_is_left(tmp_pa
 def test_a_command_that_overruns_is_stopped_before_the_calls_limit(tmp_path: Path) -> None:
     """COMMAND is stopped 20 s before KIMI_CALL_LIMIT_S, child processes too, so that the device command's steps
     after gpu_call.sh still copy its results (a 600 s call that ran out inside train-pair + acceptance.py lost
-    everything it had made, 2026-12-04); a command that ends in time keeps its own exit status."""
+    everything it had made, 2026-12-04); a command that ends in time keeps its own exit status, 124 included, and
+    is not said to be stopped."""
     kit = _fake_kit(tmp_path)
     assert _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0).returncode == 0
     fake = tmp_path / "python"  # the fork's install, import and kernel build answered; the rest by this Python
@@ -386,6 +387,8 @@ def test_a_command_that_overruns_is_stopped_before_the_calls_limit(tmp_path: Pat
     assert report["seconds"] <= 30 - 20 + 5  # the stop (limit - 20 s) plus timeout's 5 s grace, at most
     ok = _call(repo, tmp_path, 2, "bash", "-c", "exit 7", **env)
     assert ok.returncode == 7 and "COMMAND STOPPED" not in ok.stdout
+    own = _call(repo, tmp_path, 4, "bash", "-c", "exit 124", **env)  # its own 124, long before the stop
+    assert own.returncode == 124 and "COMMAND STOPPED" not in own.stdout, own.stdout
     late = _call(repo, tmp_path, 3, "touch", str(tmp_path / "ran"), **{**env, "KIMI_CALL_LIMIT_S": "20"})
     assert late.returncode == 124 and "before it started" in late.stdout and not (tmp_path / "ran").exists()
     subprocess.run(["sleep", "12"], check=True)  # past the 20 s the background child would have taken
