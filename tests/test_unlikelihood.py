@@ -119,6 +119,7 @@ def test_no_seconds_no_update():
 def test_the_recipes_the_command_offers_are_the_recipes_there_are():
     from kimi.cli import build_parser
     from kimi.models.trained import RECIPES, TargetTraining
+    from kimi.train.pair import PAIR_RECIPES
 
     parser = build_parser()
     args = parser.parse_args(["models", "train-target", "--recipe", "h200-unlikelihood"])
@@ -126,6 +127,8 @@ def test_the_recipes_the_command_offers_are_the_recipes_there_are():
     models = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["models"]
     command = next(a for a in models._actions if isinstance(a, argparse._SubParsersAction)).choices["train-target"]
     assert set(next(a for a in command._actions if a.dest == "recipe").choices) == set(RECIPES)
+    pair = next(a for a in models._actions if isinstance(a, argparse._SubParsersAction)).choices["train-pair"]
+    assert set(next(a for a in pair._actions if a.dest == "recipe").choices) == set(PAIR_RECIPES)
     assert RECIPES["h200-unlikelihood"].unlikelihood_seconds > 0 and TargetTraining().unlikelihood_seconds == 0
     for bad in ("0", "-5", "inf", "nan"):
         with pytest.raises(SystemExit):

@@ -29,14 +29,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="Train transformers' DeepseekV3ForCausalLM (6 layers, 192 wide, MLA with Kimi's latent "
                     "geometry, 8-expert noaux_tc MoE, 8192 positions) on the reference tokenizer's stdlib corpus, "
                     "deterministic seeds, and write it in the DeepSeek-V3 checkpoint layout with a MANIFEST.json "
-                    "(held-out loss included). --recipe h200 made the shipped target (models/pair/target) in about "
-                    "7 minutes on one H200; the cpu recipe is minutes on 2 cores and a weak model.")
+                    "(held-out loss included). --recipe h200-unlikelihood made the shipped target (models/pair/target) "
+                    "in a 410 s call on one H200; the cpu recipe is minutes on 2 cores and a weak model.")
     p.add_argument("out", nargs="?", type=Path, default=None,
                    help="folder to write (default: .kimi/models/trained/target)")
     p.add_argument("--recipe", choices=("cpu", "h200", "h200-unlikelihood"), default="cpu",
-                   help="training settings: cpu (minutes on 2 cores), h200 (the shipped target's, needs CUDA) or "
-                        "h200-unlikelihood (more code, then unlikelihood fine-tuning against greedy loops; CUDA); "
-                        "default: %(default)s")
+                   help="training settings: cpu (minutes on 2 cores), h200 (next-token training only, the target "
+                        "shipped before 2026-12-04; CUDA) or h200-unlikelihood (the shipped target's: more code, "
+                        "then unlikelihood fine-tuning against greedy loops; CUDA); default: %(default)s")
     p.add_argument("--steps", type=positive_int, default=None, help="optimiser steps (default: the recipe's)")
     p.add_argument("--site-mb", type=positive_int, default=None,
                    help="also train on this many MB of the installed packages' Python code (default: none)")
@@ -71,8 +71,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "OUT/work. Stages already done are skipped.")
     p.add_argument("out", nargs="?", type=Path, default=None, help="folder (default: .kimi/models/trained)")
     p.add_argument("--recipe", choices=("cpu", "h200"), default="cpu",
-                   help="drafter settings: cpu (the stages on 2 cores, about half an hour) or h200 (ten times the "
-                        "samples, the trainer on the GPU); default: %(default)s")
+                   help="drafter settings: cpu (the stages on 2 cores, about half an hour) or h200 (the shipped "
+                        "drafter's: 24576 answers from the training corpus and transformers' source, the "
+                        "trainer on the GPU); default: %(default)s")
     p.add_argument("--target", type=Path, default=None, metavar="DIR",
                    help="use this trained target (train-target / pick-target output) as OUT/target")
     p.add_argument("--tiny", action="store_true", help="a minute-sized pair for tests (not a useful drafter)")
