@@ -10,8 +10,8 @@ and a ``MANIFEST.json`` (spec, steps, loss, seconds, corpus digest, file digests
 Seeded: the tokenizer is trained on the same sorted files, the weights start from ``torch.manual_seed(seed)``
 and the training windows come from ``torch.Generator(seed)``; with a step budget (the CPU recipe) one thread count
 and one torch build give the same files, while a time budget (``max_seconds``, the H200 recipe) stops after as
-many steps as the device manages, recorded in the manifest. The shipped target is ``--recipe h200``
-(:data:`H200_TRAINING`); the CPU recipe trains a weak one in minutes.
+many steps as the device manages, recorded in the manifest. The shipped target is ``--recipe h200-unlikelihood``
+(:data:`H200_UNLIKELIHOOD_TRAINING`); the CPU recipe trains a weak one in minutes.
 """
 
 from __future__ import annotations
@@ -84,14 +84,14 @@ class TargetTraining:
     unlikelihood_weight: float = 1.0
 
 
-#: The shipped target's recipe: one H200 (bf16 autocast), 390 s of training on the whole stdlib corpus (2.9 M tokens
-#: of the host's Python 3.12). It memorises that corpus (5483 steps, ~124 epochs: corpus loss 0.84, held-out 4.13)
-#: and writes varied, plausible stdlib-style code. This recipe with ``site_bytes=150_000_000`` (``--site-mb 150``)
-#: and a 360 s budget (58 M tokens, 5.4 epochs) generalises far better (held-out loss 2.32) but its greedy code
-#: loops (6 of 8 held-out prompts ended repeating one n-gram; distinct-2 0.28 against 0.68 for the shipped one): a
-#: drafter would be measured on trivial loops, which is what this pair must not do. So did 10, 25, 50 and 100 MB
-#: trained side by side (``benchmarks/train_targets.sh``: held-out 2.65-2.69, loop share 0.25-0.56 on the selection
-#: prompts; benchmarks/results/logs/pair-target-h200/README.md).
+#: The recipe of the target shipped before 2026-12-04: one H200 (bf16 autocast), 390 s of training on the whole stdlib
+#: corpus (2.9 M tokens of the host's Python 3.12). It memorises that corpus (5483 steps, ~124 epochs: corpus loss 0.84,
+#: held-out 4.13) and writes varied, plausible stdlib-style code. This recipe with ``site_bytes=150_000_000``
+#: (``--site-mb 150``) and a 360 s budget (58 M tokens, 5.4 epochs) generalises far better (held-out loss 2.32) but its
+#: greedy code loops (6 of 8 held-out prompts ended repeating one n-gram; distinct-2 0.28 against 0.68 for that one): a
+#: drafter would be measured on trivial loops, which is what this pair must not do. So did 10, 25, 50 and 100 MB trained
+#: side by side (``benchmarks/train_targets.sh``: held-out 2.65-2.69, loop share 0.25-0.56 on the selection prompts;
+#: benchmarks/results/logs/pair-target-h200/README.md).
 H200_TRAINING = TargetTraining(steps=12000, batch=64, seq_len=1024, lr=2e-3, warmup=300, weight_decay=0.1,
                                threads=8, device="cuda", max_seconds=390.0, long_share=0.08,
                                corpus_bytes=40_000_000)

@@ -67,7 +67,8 @@ class PairRecipe:
 #: answers 24576 prompts there (4096 training-corpus snippets and 20480 of ``transformers``' source) and the
 #: trainer runs on the GPU, 5 epochs of batch 32 (3840 steps); about 510 s after the kit. Twice the answers of the
 #: recipe before it at half the epochs, since that drafter fitted its samples far better than it drafted new text.
-#: Timings and acceptance: benchmarks/results/logs/pair-unlikelihood-h200/, benchmarks/results/cpu/acceptance.md.
+#: Timings and acceptance: benchmarks/results/logs/pair-unlikelihood-h200/, benchmarks/results/acceptance.md (H200),
+#: benchmarks/results/cpu/acceptance.md.
 H200_PAIR = PairRecipe(regenerate=RegenerateOptions(num_prompts=4096, max_tokens=96, batch=2048, package="transformers",
                                                     package_prompts=20480),
                        draft_vocab=1536, train=TrainOptions(epochs=5, batch=32, lr=3e-3, warmup=30, save_every=500))
