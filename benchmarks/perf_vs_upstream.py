@@ -8,25 +8,24 @@ One GPU call (``benchmarks/gpu_call.sh`` installs the pinned upstream release, k
 For each model, engines run one at a time, each in its own process with its own ``PYTHONPATH``:
 
 * ``nospec``: the target alone (the fork's vLLM; no patch changes the target's GPU path without a drafter);
-* ``upstream_k{k}``: upstream 0.26.0 with the EAGLE-3 drafter, k draft tokens, as it runs by default: the V1
-  model runner (0.26.0 defaults to V2 for ``DeepseekV2ForCausalLM`` but not ``DeepseekV3ForCausalLM``,
-  ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``vllm/config/vllm.py``), whose drafter steps are PIECEWISE
-  CUDA graphs (vLLM RFC 45258);
+* ``upstream_k{k}``: the pinned upstream release with the EAGLE-3 drafter, k draft tokens, as it runs by default
+  (0.32.0: the V2 model runner for every model, its drafting loop captured in FULL CUDA graphs; 0.26.0, the
+  v0.26 line's pin: V1 for ``DeepseekV3ForCausalLM``, whose drafter steps are PIECEWISE CUDA graphs, vLLM RFC
+  45258);
 * ``fork_k{k}``: the fork with the same drafter and k, as it runs by default: greedy drafts from the draft
   vocabulary (patch 0009, ``KIMI_DRAFT_GREEDY=auto``, with the fork's draft-head kernel where
-  ``KIMI_DRAFT_HEAD_LIB`` is set), vLLM's V2 model runner (patch 0013, for drafters whose attention is not MLA,
-  as both models' are), whose drafting loop (forward, logits, sampling) is captured in FULL CUDA graphs. No
-  step times there (the loop is one graph);
-* ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``): the
-  fork before patch 0013; ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork with ``VLLM_USE_V2_MODEL_RUNNER=1``
-  (results from before patch 0013, when the fork's default was V1);
+  ``KIMI_DRAFT_HEAD_LIB`` is set), on the V2 model runner (upstream's default on 0.32.0; on the v0.26 line the
+  fork's patch 0013, for drafters whose attention is not MLA). No step times there (the loop is one graph);
+* ``fork_v1_k{k}`` (k in ``--v1-ks``): the fork held on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``; on the
+  v0.26 line the fork before patch 0013); ``fork_v2_k{k}`` (k in ``--v2-ks``): the fork with
+  ``VLLM_USE_V2_MODEL_RUNNER=1`` (results from before patch 0013, when the fork's default was V1);
 * ``hookoff_k3`` (``--hook-off``): the fork with ``KIMI_DRAFT_GREEDY=upstream`` on its default runner: patch
   0009's hook off, the rest of the fork on (the rows' ``fork_vs_hookoff`` is the hook's share);
 * ``check_k3``: the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
   patch 0009 against upstream's, counted on the device; the count needs V1, see
   ``kimi/hooks/eagle3_greedy_draft_vocab.py``).
 
-Models: ``pair``, the trained reference pair (``kimi models train-pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
+Models: ``pair``, the shipped reference pair (``models/pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
 a Kimi-K2-dimension slice with random weights (``kimi.models.kimi_slice``; k = 3) plus a shallower slice
 without speculation, for the per-layer projection below.
 
