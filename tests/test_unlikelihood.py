@@ -125,10 +125,9 @@ def test_the_recipes_the_command_offers_are_the_recipes_there_are():
     args = parser.parse_args(["models", "train-target", "--recipe", "h200-unlikelihood"])
     assert args.recipe == "h200-unlikelihood"
     models = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["models"]
-    command = next(a for a in models._actions if isinstance(a, argparse._SubParsersAction)).choices["train-target"]
-    assert set(next(a for a in command._actions if a.dest == "recipe").choices) == set(RECIPES)
-    pair = next(a for a in models._actions if isinstance(a, argparse._SubParsersAction)).choices["train-pair"]
-    assert set(next(a for a in pair._actions if a.dest == "recipe").choices) == set(PAIR_RECIPES)
+    commands = next(a for a in models._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, recipes in (("train-target", RECIPES), ("train-pair", PAIR_RECIPES)):
+        assert set(next(a for a in commands[name]._actions if a.dest == "recipe").choices) == set(recipes), name
     assert RECIPES["h200-unlikelihood"].unlikelihood_seconds > 0 and TargetTraining().unlikelihood_seconds == 0
     for bad in ("0", "-5", "inf", "nan"):
         with pytest.raises(SystemExit):
