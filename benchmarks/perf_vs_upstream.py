@@ -48,9 +48,11 @@ Engine starts (torch.compile and CUDA-graph capture, a minute or more each, most
 ``--parallel-start`` starts all of the pair's engines at once (each with a fixed 2 GiB KV cache and
 ``gpu_memory_utilization`` 0.05, so they fit side by side), waits until all are ready, then lets them measure
 one at a time while the others wait idle, in ``--rounds`` interleaved rounds (each concurrency keeps its fastest
-round and lists every round's rate in ``tok_s_rounds``). The Kimi slice's engines (about 107 GB each) always
-start one at a time. On a host with two GPUs, run one model per GPU (``CUDA_VISIBLE_DEVICES``) in two processes
-and join the results with ``--combine``.
+round and lists every round's rate in ``tok_s_rounds``). With ``--turns concurrency`` the engines take turns at
+each concurrency (fork, upstream and baseline rates at one c seconds apart, not a whole engine's turn apart);
+``--rewarm-tokens N`` shortens the warm-up batch of every measurement after a concurrency's first. The Kimi
+slice's engines (about 107 GB each) always start one at a time. On a host with two GPUs, run one model per GPU
+(``CUDA_VISIBLE_DEVICES``) in two processes and join the results with ``--combine``.
 
 Kimi slice projection to the 61-layer model at TP 8: the per-MoE-layer time ``t_moe`` is the difference of the
 decode step times of the 4- and 3-layer slices (1 dense + 3 or 2 MoE layers); the 61-layer step is
@@ -117,11 +119,18 @@ def parser() -> argparse.ArgumentParser:
                    help="start the pair's engines at once, then measure them one at a time")
     p.add_argument("--rounds", type=int, default=2,
                    help="with --parallel-start: measure every engine this many times, interleaved")
+    p.add_argument("--turns", choices=["engine", "concurrency"], default="engine",
+                   help="with --parallel-start: what one engine measures at its turn: every concurrency (engine) or "
+                        "one, the engines taking turns at each concurrency before the next (concurrency: the rates "
+                        "compared are seconds apart)")
     p.add_argument("--pin", action="store_true",
                    help="with --parallel-start: each engine held to its own share of the CPUs (taskset-like)")
     p.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
+    p.add_argument("--rewarm-tokens", type=int, metavar="N",
+                   help="output tokens of the warm-up batch before every measurement of a concurrency but its first "
+                        "(the first warms up with --tokens: every batch shape); default --tokens")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--slice-kv-gib", type=int, default=8)
     p.add_argument("--fork-greedy", default="auto", help="KIMI_DRAFT_GREEDY for the fork's engines")
@@ -184,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.pin and not args.parallel_start:
         cli.error("--pin pins the engines of --parallel-start; add --parallel-start or leave out --pin")
+    if args.turns != "engine" and not args.parallel_start:
+        cli.error("--turns orders the turns of --parallel-start; add --parallel-start or leave out --turns")
+    if args.rewarm_tokens is not None and args.rewarm_tokens < 1:
+        cli.error(f"--rewarm-tokens must be at least 1, got {args.rewarm_tokens}")
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
     bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)

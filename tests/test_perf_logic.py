@@ -15,7 +15,7 @@ from conftest import ROOT
 from kimi.bench.hardware import cpu_groups
 from kimi.bench.perf import analysis, orchestrate
 from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
-from kimi.bench.perf.measure import merge_round
+from kimi.bench.perf.measure import measure, merge_round, turn_concurrency
 from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
 from kimi.bench.perf.plan import plan, variant_env
 from kimi.bench.perf.render import write_outputs
@@ -276,8 +276,8 @@ def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
 def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[1, 3], slice_ks=[3],
-                              v1_ks=[3], v2_ks=[1], check=True, hook_off=True, engine={}, pair=tmp_path,
+    args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, rewarm_tokens=None, cpu_smoke=False, ks=[1, 3],
+                              slice_ks=[3], v1_ks=[3], v2_ks=[1], check=True, hook_off=True, engine={}, pair=tmp_path,
                               slice_tokens=4, slice_kv_gib=1, engines=None)
     jobs = plan(args, [[1, 2]], None)
     assert [j["name"] for j in jobs] == ["pair/nospec", "pair/upstream_k3", "pair/fork_k3", "pair/fork_v1_k3",
@@ -310,8 +310,8 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
 def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_path: Path) -> None:
     import argparse
 
-    args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, cpu_smoke=False, ks=[3], slice_ks=[3],
-                              v1_ks=[3], v2_ks=[], check=True, hook_off=False, engine={}, slice_tokens=4,
+    args = argparse.Namespace(concurrency=[1, 4], tokens=8, reps=1, rewarm_tokens=None, cpu_smoke=False, ks=[3],
+                              slice_ks=[3], v1_ks=[3], v2_ks=[], check=True, hook_off=False, engine={}, slice_tokens=4,
                               slice_kv_gib=1,
                               engines=None)
     dirs = kimi_slice.write_slice(tmp_path, layers=(3, 4))
@@ -377,7 +377,7 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     monkeypatch.setattr(orchestrate, "Worker", FakeWorker)
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/upstream_k3", "fake": "dies"},
             {"name": "pair/fork_k3", "fake": "ready"}, {"name": "pair/fork_v2_k3", "fake": "slow"}]
-    args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=2, pin=False)
+    args = argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=2, pin=False, turns="engine")
     runs: dict = {}
     reported: list[str] = []
     run_parallel(args, jobs, time.monotonic() + 600, runs, lambda job: reported.append(job["name"]))
@@ -396,8 +396,8 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
     jobs = [{"name": "pair/nospec", "fake": "ready"}, {"name": "pair/fork_k3", "fake": "overruns"}]
     workers = {j["name"]: FakeWorker(args, j, tmp_path, parallel=True, threads=1) for j in jobs}
     runs = {}
-    measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5), jobs, workers, time.monotonic() + 30, runs,
-                        lambda job: None)
+    measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5, turns="engine"), jobs, workers,
+                   time.monotonic() + 30, runs, lambda job: None)
     assert events == ["go0 more pair/nospec", "wait0 pair/nospec", "go0 more pair/fork_k3", "wait0 pair/fork_k3",
                       "go1 stop pair/fork_k3", "collect pair/fork_k3", "go1 stop pair/nospec", "collect pair/nospec"]
 
@@ -490,6 +490,17 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
     assert [len(r["by_concurrency"]["2"]["tok_s_rounds"]) for r in runs.values()] == [2, 2]
     assert "round 2, last" in run.stdout
 
+    # the same with a turn per concurrency and short re-warm-ups: every engine measured at each c in each round
+    run, summary = _fake_call(tmp_path, "--pair", str(pair), "--models", "pair", "--engines", "pair/nospec",
+                              "pair/fork_k3", "--parallel-start", "--rounds", "2", "--turns", "concurrency",
+                              "--rewarm-tokens", "2", "--no-chart")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    runs = summary["runs"]
+    assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
+    assert {n: {c: len(e["tok_s_rounds"]) for c, e in r["by_concurrency"].items()} for n, r in runs.items()} == {
+        n: {"1": 2, "2": 2} for n in runs}
+    assert "round 2, turn 2 of 2, last" in run.stdout
+
 
 def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
     """--pool: the per-round ratios of two calls in one list per row (median, spread and goal recomputed), the
@@ -533,6 +544,85 @@ def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
     assert goal([row])["pair_k3_median_met"] is False  # one round below 0.98
     row.update(fork_vs_upstream_spread=[0.99, 1.1])
     assert goal([row])["pair_k3_median_met"] is True
+
+
+class TurnRecorder:
+    """A worker of :func:`measure_rounds` that records the orders it gets (``events``) and measures at once."""
+
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name, self.events = name, events
+
+    def go(self, number: int, order: str) -> None:
+        self.events.append(f"go{number} {order} {self.name}")
+
+    def wait_round(self, number: int, limit: float) -> bool:
+        self.events.append(f"wait{number} {self.name}")
+        return True
+
+    def collect(self, limit: float) -> dict:
+        self.events.append(f"collect {self.name}")
+        return {"status": "done", "seconds": 0.0}
+
+
+def test_turns_per_concurrency_give_every_engine_a_turn_at_one_concurrency_before_the_next() -> None:
+    """--turns concurrency: a round is one turn per engine and concurrency, numbered across rounds; the engine
+    order flips every turn and every round; too little time for a round stops every engine at that round's first
+    turn number."""
+    import argparse
+    import time
+
+    events: list[str] = []
+    jobs = [{"name": "F"}, {"name": "U"}]
+    workers = {j["name"]: TurnRecorder(j["name"], events) for j in jobs}
+    args = argparse.Namespace(rounds=2, job_timeout_s=5, turns="concurrency", concurrency=[1, 4])
+    runs: dict = {}
+    measure_rounds(args, jobs, workers, time.monotonic() + 600, runs, lambda job: None)
+    assert events == ["go0 more F", "wait0 F", "go0 more U", "wait0 U",   # round 1, c = 1
+                      "go1 more U", "wait1 U", "go1 more F", "wait1 F",   # round 1, c = 4
+                      "go2 more U", "wait2 U", "go2 more F", "wait2 F",   # round 2, c = 1
+                      "go3 last F", "collect F", "go3 last U", "collect U"]
+    assert set(runs) == {"F", "U"}
+
+    events.clear()
+    measure_rounds(argparse.Namespace(rounds=3, job_timeout_s=5, turns="concurrency", concurrency=[1, 4]), jobs,
+                   workers, time.monotonic() + 30, {}, lambda job: None)
+    assert events[-4:] == ["go2 stop F", "go2 stop U", "collect F", "collect U"] and len(events) == 12
+
+
+def test_a_turn_measures_every_concurrency_or_one_in_order() -> None:
+    job = {"concurrency": [1, 4, 16]}
+    assert [turn_concurrency(job, n) for n in range(2)] == [[1, 4, 16], [1, 4, 16]]
+    job["turns"] = "concurrency"
+    assert [turn_concurrency(job, n) for n in range(5)] == [[1], [4], [16], [1], [4]]
+
+
+def test_later_measurements_of_a_concurrency_warm_up_with_rewarm_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first measurement of c: a full-length warm-up, the timed batch, the step timer's short batch; a later
+    one: the --rewarm-tokens warm-up and the timed batch (without the option: full-length warm-ups)."""
+    import types
+
+    from engine_script import FAKE_VLLM
+
+    fake = types.ModuleType("vllm")
+    exec(FAKE_VLLM, fake.__dict__)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    lengths: list[int] = []
+
+    class Recording(fake.LLM):
+        def generate(self, requests, params, use_tqdm=True):
+            lengths.append(params.max_tokens)
+            return super().generate(requests, params, use_tqdm)
+
+    llm = Recording("target", speculative_config={"num_speculative_tokens": 3})
+    job = {"prompts": [[5, 6, 7]], "tokens": 64, "reps": 1, "rewarm_tokens": 8}
+    first = measure(llm, job, 2, first=True)
+    assert lengths == [64, 64, 48] and first["output_tokens"] == 128 and "steps" in first
+    lengths.clear()
+    later = measure(llm, job, 2, first=False)
+    assert lengths == [8, 64] and later["output_tokens"] == 128 and "steps" not in later
+    lengths.clear()
+    measure(llm, {**job, "rewarm_tokens": None}, 2, first=False)
+    assert lengths == [64, 64]
 
 
 def test_cpu_groups_split_in_order_and_share_when_short() -> None:
@@ -586,6 +676,6 @@ def test_parallel_start_with_pin_gives_each_engine_its_own_cpus(tmp_path: Path,
     monkeypatch.setattr(orchestrate, "Worker", FakeWorker)
     monkeypatch.setattr(orchestrate, "cpu_groups", lambda n: cpu_groups(n, list(range(16))))
     jobs = [{"name": "pair/fork_k3"}, {"name": "pair/upstream_k3"}]
-    run_parallel(argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=1, pin=True), jobs,
+    run_parallel(argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=1, pin=True, turns="engine"), jobs,
                  time.monotonic() + 600, {}, lambda job: None)
     assert given == {"pair/fork_k3": list(range(8)), "pair/upstream_k3": list(range(8, 16))}

@@ -188,7 +188,7 @@ def await_turn(base: Path, rnd: int, timeout_s: float) -> str:
     while not go.exists():
         if time.monotonic() - waited > timeout_s:
             raise TimeoutError(f"no turn to measure (round {rnd}) within {timeout_s:.0f} s")
-        time.sleep(0.2)
+        time.sleep(0.05)
     return go.read_text()
 
 

@@ -34,9 +34,10 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     """Start one engine, measure every concurrency of ``job``, shut it down. ``result`` is filled as the rounds go
     (the caller keeps it on an error).
 
-    With ``job["turn"]`` (a parallel start) the engine reports ``ready`` once started, then measures a round at
-    each turn the orchestrator gives (:func:`kimi.bench.workers.await_turn`), reporting ``round`` after each;
-    ``report`` carries those events.
+    With ``job["turn"]`` (a parallel start) the engine reports ``ready`` once started, then measures at each turn
+    the orchestrator gives (:func:`kimi.bench.workers.await_turn`; what a turn measures:
+    :func:`turn_concurrency`), reporting ``round`` with the turn's number after each; ``report`` carries those
+    events.
     """
     import vllm  # first: the variant's PYTHONPATH decides which vLLM this is
     from vllm import LLM
@@ -52,17 +53,18 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     try:
         if turn is not None:
             report.emit("ready", start_s=result["start_s"])
-        for rnd in itertools.count():
-            order = "last" if turn is None else await_turn(turn, rnd, job["turn_timeout_s"])
+        for number in itertools.count():
+            order = "last" if turn is None else await_turn(turn, number, job["turn_timeout_s"])
             if order == "stop":
                 break
-            for c in job["concurrency"]:
-                entry = measure(llm, job, c, timed=rnd == 0)
-                merge_round(result["by_concurrency"], str(c), entry)
-                log(f"{job['name']} round {rnd} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
+            for c in turn_concurrency(job, number):
+                by_c = result["by_concurrency"]
+                entry = measure(llm, job, c, first=str(c) not in by_c)
+                merge_round(by_c, str(c), entry)
+                log(f"{job['name']} turn {number} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
             if order == "last":
                 break
-            report.emit("round", round=rnd)
+            report.emit("round", round=number)
         if job.get("profile_dir"):
             c = max(job["concurrency"])
             result["profile"] = profile_batch(llm, job, c, Path(job["profile_dir"]))
@@ -74,14 +76,23 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     return result
 
 
-def batch_of(job: dict, c: int):
+def turn_concurrency(job: dict, number: int) -> list[int]:
+    """The concurrencies turn ``number`` measures: all of ``job["concurrency"]`` (``job["turns"]`` is ``engine``,
+    the default: a turn is a round), or one of them in order, round after round (``concurrency``: the engines
+    take turns at each concurrency before the next)."""
+    cs = job["concurrency"]
+    return [cs[number % len(cs)]] if job.get("turns") == "concurrency" else list(cs)
+
+
+def batch_of(job: dict, c: int, tokens: int | None = None):
     """``c`` requests of ``job``'s prompts (repeated past their number) and their greedy sampling parameters
-    (``job["tokens"]`` output tokens, EOS ignored)."""
+    (``tokens`` output tokens, default ``job["tokens"]``; EOS ignored)."""
     from vllm import SamplingParams
 
     prompts = job["prompts"]
     batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
-    return batch, SamplingParams(temperature=0, max_tokens=job["tokens"], ignore_eos=True, detokenize=False)
+    return batch, SamplingParams(temperature=0, max_tokens=tokens or job["tokens"], ignore_eos=True,
+                                 detokenize=False)
 
 
 def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
@@ -114,14 +125,17 @@ def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
     return str(path)
 
 
-def measure(llm, job: dict, c: int, timed: bool) -> dict:
+def measure(llm, job: dict, c: int, first: bool) -> dict:
     """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
-    counters over them, and with ``timed`` a shorter batch under the step timer (:mod:`kimi.bench.timers`)."""
+    counters over them. The ``first`` measurement of ``c`` warms up with a full-length batch (lazily compiled
+    kernels, every batch shape it meets) and adds a shorter batch under the step timer
+    (:mod:`kimi.bench.timers`); a later one warms up with ``job["rewarm_tokens"]`` output tokens (default: the
+    full length) -- the shapes are known by then, the warm-up only wakes the engine."""
     from vllm import SamplingParams
 
     tokens = job["tokens"]
     batch, params = batch_of(job, c)
-    llm.generate(batch, params, use_tqdm=False)  # warm-up: lazily compiled kernels, every batch shape
+    llm.generate(*batch_of(job, c, None if first else job.get("rewarm_tokens")), use_tqdm=False)
     before = spec_metrics(llm.get_metrics())
     walls = []
     for _ in range(job["reps"]):
@@ -136,7 +150,7 @@ def measure(llm, job: dict, c: int, timed: bool) -> dict:
     entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
              "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
              "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
-    if timed:
+    if first:
         llm.collective_rpc(install_timer)
         try:
             llm.generate(batch, SamplingParams(temperature=0, max_tokens=min(tokens, 48), ignore_eos=True,

@@ -34,7 +34,7 @@ class Worker:
         if turn is not None:
             for old in scratch.glob(f"{turn.name}.go*"):
                 old.unlink(missing_ok=True)
-            job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s}
+            job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s, "turns": args.turns}
         env = variant_env(args, job, scratch, cache)
         if threads:
             env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
@@ -59,7 +59,7 @@ class Worker:
                 return True
             if exited or time.monotonic() > end:
                 return False
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def collect(self, limit: float) -> dict:
         """Wait up to ``limit`` seconds for the worker to finish (killed after that); its result."""
@@ -160,35 +160,42 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
 
 def measure_rounds(args: argparse.Namespace, live: list[dict], workers: dict, deadline: float, runs: dict,
                    report) -> None:
-    """The rounds of :func:`run_parallel` over the engines that are up. A round starts only when the time left
-    holds it (as long as the previous round, plus a margin), so every engine gets the same number of rounds;
-    otherwise the engines are told to stop and keep what they measured. An engine that dies or overruns a
-    round is collected with what it wrote."""
+    """The rounds of :func:`run_parallel` over the engines that are up. A round is one turn per engine (``--turns
+    engine``: each measures every concurrency) or one turn per engine and concurrency (``--turns concurrency``:
+    the engines take turns at each concurrency, so the rates they are compared by are seconds apart). Turns are
+    numbered from 0 across rounds; the engine order is the plan's, reversed every other turn of a round and every
+    other round (a drift favours no engine). A round starts only when the time left holds it (as long as the
+    previous round, plus a margin), so every engine gets the same number of rounds; otherwise the engines are
+    told to stop and keep what they measured. An engine that dies or overruns a turn is collected with what it
+    wrote."""
+    slots = len(args.concurrency) if args.turns == "concurrency" else 1
     last_round_s = 0.0
     for rnd in range(args.rounds):
         round_began = time.monotonic()
         active = [j for j in live if j["name"] not in runs]
         if rnd > 0 and deadline - round_began < 40 + 1.2 * last_round_s:
             for job in active:
-                workers[job["name"]].go(rnd, "stop")
+                workers[job["name"]].go(rnd * slots, "stop")
             for job in active:
                 runs[job["name"]] = workers[job["name"]].collect(max(1.0, deadline - time.monotonic()))
                 report(job)
             return
-        final = rnd == args.rounds - 1
-        # plan order, reversed every other round: a drift within a round then favours no engine over two rounds
-        for job in active if rnd % 2 == 0 else active[::-1]:
-            worker = workers[job["name"]]
-            log(f"{job['name']}: measuring (round {rnd + 1}{', last' if final else ''})")
-            worker.go(rnd, "last" if final else "more")
-            limit = max(1.0, min(args.job_timeout_s, deadline - time.monotonic()))
-            if final:
-                runs[job["name"]] = worker.collect(limit)
-            elif not worker.wait_round(rnd, limit):
-                worker.go(rnd + 1, "stop")  # it may still finish this round; then it stops with it
-                runs[job["name"]] = worker.collect(max(1.0, deadline - time.monotonic()))
-            else:
-                continue
-            report(job)
+        for slot in range(slots):
+            number = rnd * slots + slot
+            final = rnd == args.rounds - 1 and slot == slots - 1
+            active = [j for j in live if j["name"] not in runs]
+            for job in active if (rnd + slot) % 2 == 0 else active[::-1]:
+                worker = workers[job["name"]]
+                log(f"{job['name']}: measuring (round {rnd + 1}"
+                    + (f", turn {slot + 1} of {slots}" if slots > 1 else "") + (", last" if final else "") + ")")
+                worker.go(number, "last" if final else "more")
+                limit = max(1.0, min(args.job_timeout_s, deadline - time.monotonic()))
+                if final:
+                    runs[job["name"]] = worker.collect(limit)
+                elif not worker.wait_round(number, limit):
+                    worker.go(number + 1, "stop")  # it may still finish this turn; then it stops with it
+                    runs[job["name"]] = worker.collect(max(1.0, deadline - time.monotonic()))
+                else:
+                    continue
+                report(job)
         last_round_s = time.monotonic() - round_began
-

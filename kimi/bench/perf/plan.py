@@ -70,7 +70,8 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
     Raises:
         SystemExit: ``--engines`` names an engine that is not in the plan.
     """
-    base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps}
+    base = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps,
+            "rewarm_tokens": args.rewarm_tokens}
     if not args.cpu_smoke:
         # CUDA graphs for exactly the batch sizes measured (decode c, verification c (k + 1)), the same for every
         # variant: vLLM's default list (up to 512 sizes' worth of captures per engine) costs minutes per start
