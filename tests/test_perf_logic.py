@@ -173,7 +173,7 @@ def test_hook_off_engine_gives_its_own_ratios_and_columns(tmp_path: Path) -> Non
     write_outputs(tmp_path, summary, chart=False)
     table = [line for line in (tmp_path / "perf_vs_upstream.md").read_text().splitlines() if line.startswith("|")]
     assert "fork, hook off, tok/s" in table[0] and len({line.count("|") for line in table}) == 1
-    assert table[2].endswith("| 104.0 | 1.0 (0.9-1.04) | 1.02 (1.0-1.1) |")
+    assert table[2].endswith("| 104.0 | 1.0 (0.9-1.04) n=3 | 1.02 (1.0-1.1) n=3 |")
 
 
 def test_slice_ids_skip_the_embedding_output_and_need_four_layers() -> None:
@@ -513,7 +513,8 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
                "fork_vs_hookoff_rounds": hookoff}
         return {"device": device, "versions": {"fork": "0.32.0+kimi.1"}, "command": f"call {rounds}",
                 "date": "2026-12-01T00:00:00+00:00", "seconds": 1.0, "rows": [row],
-                "settings": {"concurrency": [4], "tokens": 256, "ks": [3], "reps": len(rounds)}}
+                "settings": {"concurrency": [4], "tokens": 256, "ks": [3], "reps": len(rounds),
+                             "turns": "concurrency" if len(rounds) > 2 else None}}
 
     got = pool([part([0.9, 1.2], [1.0]), part([1.05, 1.1, 0.99], [])], ["tau is the first call's"])
     [row] = got["rows"]
@@ -523,7 +524,10 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
     assert got["goal"]["pair_k3_median_min"] == 1.05 and got["goal"]["pair_k3_median_met"] is False  # 0.9 < 0.98
     assert got["command"] == "call [0.9, 1.2] ; call [1.05, 1.1, 0.99]" and "pooled over 2 calls" in got["notes"][0]
     assert got["notes"][-1] == "tau is the first call's"  # --note with --pool
-    assert got["settings"]["reps"] == [2, 3] and row["rounds"] == [5, 5]
+    assert got["settings"]["reps"] == [2, 3] and got["settings"]["turns"] == [None, "concurrency"]
+    assert row["rounds"] == [5, 5] and row["fork_vs_upstream_ci95"] is None  # 5 rounds hold no 95 % interval
+    six = pool([part([0.9, 1.2, 1.0], []), part([1.05, 1.1, 0.99], [])])["rows"][0]
+    assert six["fork_vs_upstream_ci95"] == [0.9, 1.2] and six["fork_vs_upstream_median"] == 1.025
     with pytest.raises(ValueError, match="cannot combine"):
         pool([part([1.0], []), part([1.0], [], device="H100")])
     other = part([1.0], [])
@@ -532,12 +536,34 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
         pool([part([1.0], []), other])
 
 
+def test_the_median_interval_is_the_sign_tests() -> None:
+    """Order statistics of the binomial tail (sign-test interval, tables e.g. Conover 1999): none below 6 values,
+    min-max at 6, the 2nd and 9th of 10, the 6th and 17th of 22 (1-based); unsorted input is fine."""
+    from kimi.bench.perf.analysis import median_ci95
+
+    assert median_ci95([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert median_ci95([6.0, 1.0, 3.0, 2.0, 5.0, 4.0]) == [1.0, 6.0]
+    assert median_ci95([float(x) for x in range(10, 0, -1)]) == [2.0, 9.0]
+    assert median_ci95([float(x) for x in range(1, 23)]) == [6.0, 17.0]
+
+
+def test_markdown_shows_the_median_interval_and_the_rounds(tmp_path: Path) -> None:
+    from kimi.bench.perf.render import per_round
+
+    row = {"fork_vs_upstream_rounds": [1.0] * 6, "fork_vs_upstream_median": 1.0, "fork_vs_upstream_ci95": [0.9, 1.1],
+           "fork_vs_upstream_spread": [0.8, 1.2]}
+    assert per_round(row, "fork_vs_upstream") == "1.0 [0.9-1.1] (0.8-1.2) n=6"
+    row.update(fork_vs_upstream_rounds=[1.0], fork_vs_upstream_ci95=None, fork_vs_upstream_spread=[1.0, 1.0])
+    assert per_round(row, "fork_vs_upstream") == "1.0 (1.0-1.0)"
+    assert per_round({}, "fork_vs_upstream") == "-"
+
+
 def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
     from kimi.bench.perf.analysis import goal, round_ratios
 
     got = round_ratios({"tok_s_rounds": [110.0, 90.0, 105.0]}, {"tok_s_rounds": [100.0, 100.0, 100.0]})
     assert got == {"fork_vs_upstream_rounds": [1.1, 0.9, 1.05], "fork_vs_upstream_median": 1.05,
-                   "fork_vs_upstream_spread": [0.9, 1.1]}
+                   "fork_vs_upstream_ci95": None, "fork_vs_upstream_spread": [0.9, 1.1]}
     assert round_ratios({"tok_s_rounds": [1.0]}, {}) == {}
     row = {"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": 1.1, **got}
     assert goal([row])["pair_k3_median_min"] == 1.05 and goal([row])["pair_k3_round_min"] == 0.9
@@ -601,11 +627,13 @@ def test_later_measurements_of_a_concurrency_warm_up_with_rewarm_tokens(monkeypa
     one: the --rewarm-tokens warm-up and the timed batch (without the option: full-length warm-ups)."""
     import types
 
-    from engine_script import FAKE_VLLM
+    from engine_script import FAKE_TORCH, FAKE_VLLM
 
-    fake = types.ModuleType("vllm")
+    fake, fake_torch = types.ModuleType("vllm"), types.ModuleType("torch")
     exec(FAKE_VLLM, fake.__dict__)
+    exec(FAKE_TORCH, fake_torch.__dict__)  # the step timer's, as in the stand-in site
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
     lengths: list[int] = []
 
     class Recording(fake.LLM):

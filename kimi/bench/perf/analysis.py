@@ -5,6 +5,7 @@ issue G's goal, a call's summary, and the results of several calls joined."""
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -37,11 +38,24 @@ def round_ratios(fork_c: dict, up_c: dict, name: str = "fork_vs_upstream") -> di
 
 
 def ratio_stats(name: str, ratios: list[float]) -> dict:
-    """``{name}_rounds``, ``{name}_median`` and ``{name}_spread`` ([min, max]) of ``ratios``; empty without any."""
+    """``{name}_rounds``, ``{name}_median``, ``{name}_ci95`` (:func:`median_ci95`) and ``{name}_spread`` ([min,
+    max]) of ``ratios``; empty without any."""
     if not ratios:
         return {}
     return {f"{name}_rounds": ratios, f"{name}_median": round(statistics.median(ratios), 4),
-            f"{name}_spread": [min(ratios), max(ratios)]}
+            f"{name}_ci95": median_ci95(ratios), f"{name}_spread": [min(ratios), max(ratios)]}
+
+
+def median_ci95(values: list[float]) -> list[float] | None:
+    """A distribution-free 95 % confidence interval of the median of ``values`` (the sign test's: order statistics
+    ``x_(l)`` and ``x_(n+1-l)``, ``l`` the largest count with ``P(Binomial(n, 1/2) < l) <= 0.025``; coverage at
+    least 95 %, no assumption on the distribution). None with fewer than 6 values (no such interval exists)."""
+    xs, n = sorted(values), len(values)
+    cut, tail = 0, 1 / 2 ** n
+    while tail <= 0.025:  # tail: P(Binomial(n, 1/2) <= cut)
+        cut += 1
+        tail += math.comb(n, cut) / 2 ** n
+    return [xs[cut - 1], xs[n - cut]] if cut else None
 
 
 def rows_of(runs: dict[str, dict], jobs: list[dict]) -> list[dict]:
@@ -211,7 +225,7 @@ def summarize(args: argparse.Namespace, jobs: list[dict], runs: dict[str, dict],
                      "reps": args.reps, "ks": args.ks,
                      "slice_ks": args.slice_ks, "engine": args.engine, "fork_greedy": args.fork_greedy,
                      "profile": "cpu-smoke" if args.cpu_smoke else "gpu",
-                     "pinned": args.pin},
+                     "pinned": args.pin, "turns": args.turns, "rewarm_tokens": args.rewarm_tokens},
         "rows": rows, "projection": projection(runs, rows), "goal": goal(rows),
         "same_as_nospec": same_as_nospec(runs, jobs),
         "greedy_check": {j["name"]: runs[j["name"]].get("greedy_check") for j in jobs
@@ -240,7 +254,8 @@ def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
 
     Raises:
         ValueError: the parts come from different devices or vLLM versions, or measured other concurrencies,
-            output lengths or k (``--reps`` may differ; ``settings.reps`` then lists each call's).
+            output lengths or k (``--reps``, ``--turns`` and ``--rewarm-tokens`` may differ: the timed batches are
+            the same; ``settings`` then lists each call's).
     """
     check_same_setup(parts)
     plan_keys = ("concurrency", "tokens", "ks")
@@ -256,7 +271,7 @@ def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
     rows = []
     for key in sorted(grouped):
         group = grouped[key]
-        pooled = {f"{name}_{part}" for name in ROUND_RATIOS for part in ("rounds", "median", "spread")}
+        pooled = {f"{name}_{part}" for name in ROUND_RATIOS for part in ("rounds", "median", "ci95", "spread")}
         row = {k: v for k, v in group[0].items() if k not in pooled}
         for name in ROUND_RATIOS:
             row.update(ratio_stats(name, [x for r in group for x in r.get(f"{name}_rounds", [])]))
@@ -264,8 +279,10 @@ def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
         rows.append({**row, "calls": len(group), "rounds": [rounds, rounds]})
     note = (f"pooled over {len(parts)} calls: the per-round ratios are every call's rounds; tok/s, tau and the other "
             "columns are the first call's")
-    reps = [part["settings"].get("reps") for part in parts]
-    settings = {**parts[0]["settings"], "reps": reps if len(set(reps)) > 1 else reps[0]}
+    settings = dict(parts[0]["settings"])
+    for key in ("reps", "turns", "rewarm_tokens"):
+        each = [part["settings"].get(key) for part in parts]
+        settings[key] = each if len(set(each)) > 1 else each[0]
     return {**parts[0], "settings": settings, "rows": rows, "goal": goal(rows), "projection": {},
             "same_as_nospec": {}, "greedy_check": {}, "runs": {},
             "notes": [*parts[0].get("notes", []), note, *(notes or [])],

@@ -30,7 +30,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
               f"median of the per-round fork/upstream >= {GOAL_MEDIAN} at every c on the pair at k = 3 and no round "
               f"below {GOAL_FLOOR} (issue I): {summary['goal']}"), "",
              ("| model | c | k | fork tok/s (runner) | upstream tok/s | no-spec tok/s | fork/upstream "
-              "| median per round (min-max) | fork/no-spec "
+              "| median per round [95% CI] (min-max) rounds | fork/no-spec "
               "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "
               + "".join(f"| fork on {r.upper()} tok/s (/ upstream) | tau on {r.upper()} " for r in held)
               + ("| fork, hook off, tok/s | hook off/upstream per round | fork/hook off per round " if hookoff else "")
@@ -75,10 +75,15 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
 
 
 def per_round(row: dict, name: str) -> str:
-    """``median (min-max)`` of a row's per-round ratios ``name`` (:func:`kimi.bench.perf.analysis.round_ratios`),
-    ``-`` without rounds."""
+    """``median [95 % CI] (min-max) n`` of a row's per-round ratios ``name``
+    (:func:`kimi.bench.perf.analysis.round_ratios`; the interval where there are enough rounds, the count where
+    there is more than one), ``-`` without rounds."""
     spread = row.get(f"{name}_spread")
-    return f"{row[f'{name}_median']} ({spread[0]}-{spread[1]})" if spread else "-"
+    if not spread:
+        return "-"
+    ci, n = row.get(f"{name}_ci95"), len(row.get(f"{name}_rounds", []))
+    return (f"{row[f'{name}_median']}" + (f" [{ci[0]}-{ci[1]}]" if ci else "") + f" ({spread[0]}-{spread[1]})"
+            + (f" n={n}" if n > 1 else ""))
 
 
 def draw_chart(summary: dict, path: Path) -> bool:
