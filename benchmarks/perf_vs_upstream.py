@@ -89,9 +89,11 @@ from kimi.bench.perf.plan import (
     PAIR_KS,
     SLICE_KS,
     add_side_by_side_options,
+    add_turn_options,
     engine_settings,
     inputs,
     plan,
+    turn_errors,
 )
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.results import stamp
@@ -119,18 +121,10 @@ def parser() -> argparse.ArgumentParser:
                    help="start the pair's engines at once, then measure them one at a time")
     p.add_argument("--rounds", type=int, default=2,
                    help="with --parallel-start: measure every engine this many times, interleaved")
-    p.add_argument("--turns", choices=["engine", "concurrency"], default="engine",
-                   help="with --parallel-start: what one engine measures at its turn: every concurrency (engine) or "
-                        "one, the engines taking turns at each concurrency before the next (concurrency: the rates "
-                        "compared are seconds apart)")
-    p.add_argument("--pin", action="store_true",
-                   help="with --parallel-start: each engine held to its own share of the CPUs (taskset-like)")
+    add_turn_options(p, "with --parallel-start")
     p.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
-    p.add_argument("--rewarm-tokens", type=int, metavar="N",
-                   help="output tokens of the warm-up batch before every measurement of a concurrency but its first "
-                        "(the first warms up with --tokens: every batch shape); default --tokens")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--slice-kv-gib", type=int, default=8)
     p.add_argument("--fork-greedy", default="auto", help="KIMI_DRAFT_GREEDY for the fork's engines")
@@ -191,12 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     args.engine = engine_settings(args.cpu_smoke, args.concurrency)
     if args.rounds < 1:
         cli.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.pin and not args.parallel_start:
-        cli.error("--pin pins the engines of --parallel-start; add --parallel-start or leave out --pin")
-    if args.turns != "engine" and not args.parallel_start:
-        cli.error("--turns orders the turns of --parallel-start; add --parallel-start or leave out --turns")
-    if args.rewarm_tokens is not None and args.rewarm_tokens < 1:
-        cli.error(f"--rewarm-tokens must be at least 1, got {args.rewarm_tokens}")
+    bad = turn_errors(args, args.parallel_start)
+    if bad:
+        cli.error("; ".join(bad))
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
     bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)

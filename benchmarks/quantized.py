@@ -38,7 +38,7 @@ from kimi.bench.hardware import describe
 from kimi.bench.perf import measure
 from kimi.bench.perf.analysis import versions_of
 from kimi.bench.perf.orchestrate import run_parallel
-from kimi.bench.perf.plan import add_side_by_side_options
+from kimi.bench.perf.plan import add_side_by_side_options, add_turn_options, turn_errors
 from kimi.bench.quantized import (
     RUNS_FILE,
     controls,
@@ -68,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--reps", type=int, default=1, help="timed batches per concurrency and round (the best counts)")
     p.add_argument("--rounds", type=int, default=3)
+    add_turn_options(p, "rounds of the engines started at once")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 540)))
     p.add_argument("--job-timeout-s", type=float, default=400, help="for an engine's start, and for each round")
     p.add_argument("--scratch", type=Path, default=Path("/tmp/quantized"))
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
     if bad:
         cli.error("; ".join(bad) + " (the same folder for both with --cpu-smoke is allowed)")
+    bad = turn_errors(args, parallel=True)
+    if bad:
+        cli.error("; ".join(bad))
     try:
         variants = pick(args.variants, args.cpu_smoke)
     except ValueError as exc:
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = make_targets(args, {v.scheme for v in variants})
     prompts = code_prompt_ids(args.pair / "target" / "tokenizer.json", min(max(args.concurrency), 48), 256)
     common = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps, "prompts": prompts,
-              "engine": engine_settings(args)}
+              "rewarm_tokens": args.rewarm_tokens, "engine": engine_settings(args)}
     jobs = jobs_of(variants, targets, str(args.wide / "drafter"), common)
     runs: dict[str, dict] = {}
     paths = {**(earlier or {}).get("targets", {}), **{scheme or "bf16": path for scheme, path in targets.items()}}
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {"device": describe(done[0]["device"], versions=True) if done else None, **made,
                   "commands": commands, "versions": versions_of(engines, shown_jobs), "targets": info,
                   "settings": {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps,
-                               "rounds": args.rounds, "k": 3, "engine": common["engine"],
+                               "rounds": args.rounds, "pinned": args.pin, "turns": args.turns,
+                               "rewarm_tokens": args.rewarm_tokens, "k": 3, "engine": common["engine"],
                                "variants": {v.name: variant_settings(v) for v in shown}},
                   "rows": table, "controls": controls(shown, engines), "totals": totals(table),
                   "failures": failures(shown_jobs, engines),

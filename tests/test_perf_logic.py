@@ -328,7 +328,7 @@ def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:
     thread.start()
     assert await_turn(turn, 1, timeout_s=30) == "last"
     thread.join()
-    with pytest.raises(TimeoutError, match="round 2"):
+    with pytest.raises(TimeoutError, match="turn 2"):
         await_turn(turn, 2, timeout_s=0.3)
 
 
@@ -362,7 +362,7 @@ def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeyp
         def go(self, rnd: int, order: str) -> None:
             events.append(f"go{rnd} {order} {self.name}")
 
-        def wait_round(self, rnd: int, limit: float) -> bool:
+        def wait_turn(self, rnd: int, limit: float) -> bool:
             events.append(f"wait{rnd} {self.name}")
             return self.kind != "overruns"
 
@@ -581,7 +581,7 @@ class TurnRecorder:
     def go(self, number: int, order: str) -> None:
         self.events.append(f"go{number} {order} {self.name}")
 
-    def wait_round(self, number: int, limit: float) -> bool:
+    def wait_turn(self, number: int, limit: float) -> bool:
         self.events.append(f"wait{number} {self.name}")
         return True
 
@@ -616,10 +616,78 @@ def test_turns_per_concurrency_give_every_engine_a_turn_at_one_concurrency_befor
 
 
 def test_a_turn_measures_every_concurrency_or_one_in_order() -> None:
+    """A turn per concurrency follows the call's list; an engine that measures only some of them (the check engine:
+    the largest) takes every turn and measures at its own ones only."""
     job = {"concurrency": [1, 4, 16]}
     assert [turn_concurrency(job, n) for n in range(2)] == [[1, 4, 16], [1, 4, 16]]
-    job["turns"] = "concurrency"
+    job.update(turns="concurrency", call_concurrency=[1, 4, 16])
     assert [turn_concurrency(job, n) for n in range(5)] == [[1], [4], [16], [1], [4]]
+    check = {"concurrency": [16], "turns": "concurrency", "call_concurrency": [1, 4, 16]}
+    assert [turn_concurrency(check, n) for n in range(6)] == [[], [], [16], [], [], [16]]
+
+
+def test_turn_options_are_checked_before_anything_starts() -> None:
+    """What :func:`turn_errors` refuses: turn options without turns, a re-warm-up outside 2..--tokens, a
+    concurrency given twice; both benchmarks' parsers carry the options run_parallel reads."""
+    import argparse
+
+    from kimi.bench.perf.plan import add_turn_options, turn_errors
+
+    p = argparse.ArgumentParser()
+    add_turn_options(p, "with turns")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+
+    def errors(*argv: str, parallel: bool = True) -> str:
+        return "; ".join(turn_errors(p.parse_args(list(argv)), parallel))
+
+    assert errors("--pin", "--turns", "concurrency", "--rewarm-tokens", "8") == ""
+    assert errors() == "" and errors(parallel=False) == ""
+    got = errors("--pin", "--turns", "concurrency", "--rewarm-tokens", "8", parallel=False)
+    assert [f"{flag} acts on the turns of --parallel-start" in got for flag in ("--pin", "--turns", "--rewarm-tokens")
+            ] == [True, True, True]
+    assert "between 2 (one decode step) and --tokens (64), got 1" in errors("--rewarm-tokens", "1")
+    assert "got 65" in errors("--rewarm-tokens", "65")
+    assert "--concurrency lists [4] more than once" in errors("--concurrency", "4", "1", "4")
+    for script in ("perf_vs_upstream", "quantized"):
+        dests = {a.dest for a in _bench(script).parser()._actions}
+        assert {"pin", "turns", "rewarm_tokens", "rounds", "concurrency", "tokens", "budget_s"} <= dests, script
+
+
+def _bench(name: str):
+    """``benchmarks/<name>.py`` as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quantized_runs_its_engines_through_run_parallel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/quantized.py's arguments hold everything run_parallel and measure_rounds read (it lacked --pin
+    once: an AttributeError after its targets were made)."""
+    import argparse
+    import time
+
+    started: list[str] = []
+
+    class GoneAtOnce:
+        def __init__(self, args, job, scratch, parallel=False, threads=None, cpus=None) -> None:
+            started.append(job["name"])
+            self.proc = argparse.Namespace(poll=lambda: 1)
+
+        def ready(self) -> bool:
+            return False
+
+        def collect(self, limit: float) -> dict:
+            return {"status": "error", "seconds": 0.0}
+
+    monkeypatch.setattr(orchestrate, "Worker", GoneAtOnce)
+    args = _bench("quantized").parser().parse_args(["--scratch", str(tmp_path), "--turns", "concurrency"])
+    runs: dict = {}
+    run_parallel(args, [{"name": "bf16/nospec"}], time.monotonic() + 600, runs, lambda job: None)
+    assert started == ["bf16/nospec"] and runs["bf16/nospec"]["status"] == "error"
 
 
 def test_later_measurements_of_a_concurrency_warm_up_with_rewarm_tokens(monkeypatch: pytest.MonkeyPatch) -> None:

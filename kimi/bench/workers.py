@@ -170,24 +170,24 @@ class WorkerProcess:
         return tail(self.log_path, lines)
 
 
-def give_turn(base: Path, rnd: int, order: str) -> None:
-    """Round ``rnd``'s order to the worker waiting in :func:`await_turn` on ``base``: ``more`` (measure, then wait
-    for the next round), ``last`` (measure, then finish) or ``stop`` (finish now)."""
-    write_atomic(base.with_suffix(f".go{rnd}"), order)
+def give_turn(base: Path, number: int, order: str) -> None:
+    """Turn ``number``'s order to the worker waiting in :func:`await_turn` on ``base``: ``more`` (measure, then wait
+    for the next turn), ``last`` (measure, then finish) or ``stop`` (finish now)."""
+    write_atomic(base.with_suffix(f".go{number}"), order)
 
 
 # -- the worker's side ---------------------------------------------------------------------------------------
 
-def await_turn(base: Path, rnd: int, timeout_s: float) -> str:
-    """Wait idle until the orchestrator writes ``base.go{rnd}`` (:func:`give_turn`); its text, the order.
+def await_turn(base: Path, number: int, timeout_s: float) -> str:
+    """Wait idle until the orchestrator writes ``base.go{number}`` (:func:`give_turn`); its text, the order.
 
     Raises:
         TimeoutError: no turn within ``timeout_s`` seconds.
     """
-    go, waited = base.with_suffix(f".go{rnd}"), time.monotonic()
+    go, waited = base.with_suffix(f".go{number}"), time.monotonic()
     while not go.exists():
         if time.monotonic() - waited > timeout_s:
-            raise TimeoutError(f"no turn to measure (round {rnd}) within {timeout_s:.0f} s")
+            raise TimeoutError(f"no turn to measure (turn {number}) within {timeout_s:.0f} s")
         time.sleep(0.05)
     return go.read_text()
 

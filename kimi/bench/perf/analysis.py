@@ -31,8 +31,8 @@ ROUND_RATIOS = ("fork_vs_upstream", "hookoff_vs_upstream", "fork_vs_hookoff")
 
 def round_ratios(fork_c: dict, up_c: dict, name: str = "fork_vs_upstream") -> dict:
     """fork/upstream per interleaved round (round i of the fork against round i of upstream, measured in the same
-    round), their median and spread (min, max), under the keys ``{name}_rounds``, ``{name}_median`` and
-    ``{name}_spread``; empty where either side has no rounds."""
+    round), their median, its 95 % interval and their spread (min, max) (:func:`ratio_stats`); empty where either
+    side has no rounds."""
     pairs = list(zip(fork_c.get("tok_s_rounds", []), up_c.get("tok_s_rounds", []), strict=False))
     return ratio_stats(name, [round(f / u, 4) for f, u in pairs if f and u])
 
@@ -49,7 +49,8 @@ def ratio_stats(name: str, ratios: list[float]) -> dict:
 def median_ci95(values: list[float]) -> list[float] | None:
     """A distribution-free 95 % confidence interval of the median of ``values`` (the sign test's: order statistics
     ``x_(l)`` and ``x_(n+1-l)``, ``l`` the largest count with ``P(Binomial(n, 1/2) < l) <= 0.025``; coverage at
-    least 95 %, no assumption on the distribution). None with fewer than 6 values (no such interval exists)."""
+    least 95 % for independent values of any one distribution). None with fewer than 6 values (no such interval
+    exists)."""
     xs, n = sorted(values), len(values)
     cut, tail = 0, 1 / 2 ** n
     while tail <= 0.025:  # tail: P(Binomial(n, 1/2) <= cut)
@@ -247,7 +248,8 @@ def check_same_setup(parts: list[dict]) -> None:
 
 def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
     """One result from several calls of the same plan (the same engines measured again): per (model, concurrency,
-    k) the per-round ratios of every call (:data:`ROUND_RATIOS`) in one list, their median and spread recomputed,
+    k) the per-round ratios of every call (:data:`ROUND_RATIOS`) in one list, their median, interval and spread
+    recomputed (the interval takes the rounds as independent draws: a shift between calls lowers its coverage),
     and the goal from those; the other columns (tok/s, tau) stay the first call's, which a note says. Rows that
     only some calls have are kept with those calls' rounds (``calls`` counts them). ``notes`` are printed under
     the table after it.
@@ -255,7 +257,7 @@ def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
     Raises:
         ValueError: the parts come from different devices or vLLM versions, or measured other concurrencies,
             output lengths or k (``--reps``, ``--turns`` and ``--rewarm-tokens`` may differ: the timed batches are
-            the same; ``settings`` then lists each call's).
+            the same; ``settings`` then lists each call's, ``unrecorded`` for a call made before they were).
     """
     check_same_setup(parts)
     plan_keys = ("concurrency", "tokens", "ks")
@@ -281,7 +283,7 @@ def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
             "columns are the first call's")
     settings = dict(parts[0]["settings"])
     for key in ("reps", "turns", "rewarm_tokens"):
-        each = [part["settings"].get(key) for part in parts]
+        each = [part["settings"].get(key, "unrecorded") for part in parts]
         settings[key] = each if len(set(each)) > 1 else each[0]
     return {**parts[0], "settings": settings, "rows": rows, "goal": goal(rows), "projection": {},
             "same_as_nospec": {}, "greedy_check": {}, "runs": {},

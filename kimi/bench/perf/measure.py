@@ -61,7 +61,7 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
                 by_c = result["by_concurrency"]
                 entry = measure(llm, job, c, first=str(c) not in by_c)
                 merge_round(by_c, str(c), entry)
-                log(f"{job['name']} turn {number} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
+                log(f"{job['name']} turn {number + 1} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
             if order == "last":
                 break
             report.emit("round", round=number)
@@ -77,11 +77,17 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
 
 
 def turn_concurrency(job: dict, number: int) -> list[int]:
-    """The concurrencies turn ``number`` measures: all of ``job["concurrency"]`` (``job["turns"]`` is ``engine``,
-    the default: a turn is a round), or one of them in order, round after round (``concurrency``: the engines
-    take turns at each concurrency before the next)."""
+    """The concurrencies the engine of ``job`` measures at turn ``number``: all of ``job["concurrency"]``
+    (``job["turns"]`` is ``engine``, the default: a turn is a round), or with ``concurrency`` the turn's one of the
+    call's concurrencies in order, round after round (``job["call_concurrency"]``) -- none when this engine does
+    not measure it (the check engine measures only the largest: it still takes the turn, and the turn numbers stay
+    the orchestrator's)."""
     cs = job["concurrency"]
-    return [cs[number % len(cs)]] if job.get("turns") == "concurrency" else list(cs)
+    if job.get("turns") != "concurrency":
+        return list(cs)
+    every = job["call_concurrency"]
+    c = every[number % len(every)]
+    return [c] if c in cs else []
 
 
 def batch_of(job: dict, c: int, tokens: int | None = None):

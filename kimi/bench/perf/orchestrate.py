@@ -21,9 +21,9 @@ from kimi.bench.workers import WorkerProcess, give_turn
 class Worker:
     """One engine's worker process, its files in the scratch folder (a device call brings back only a few files
     from --out; a failed engine's tail goes into the JSON): ``<engine>.job.json``, ``<engine>.events.jsonl``,
-    ``<engine>.log``. With ``parallel`` it measures in turns (turn files ``<engine>.go<r>``, events ``ready`` and
-    ``round``) and compiles into a cache of its own; ``threads`` caps inductor's compile threads; ``cpus`` holds
-    the worker and its engine to those CPUs."""
+    ``<engine>.log``. With ``parallel`` it measures in turns (turn files ``<engine>.go<n>``, events ``ready`` and
+    ``round`` with the turn's number) and compiles into a cache of its own; ``threads`` caps inductor's compile
+    threads; ``cpus`` holds the worker and its engine to those CPUs."""
 
     def __init__(self, args: argparse.Namespace, job: dict, scratch: Path, parallel: bool = False,
                  threads: int | None = None, cpus: list[int] | None = None) -> None:
@@ -34,7 +34,8 @@ class Worker:
         if turn is not None:
             for old in scratch.glob(f"{turn.name}.go*"):
                 old.unlink(missing_ok=True)
-            job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s, "turns": args.turns}
+            job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s, "turns": args.turns,
+                   "call_concurrency": args.concurrency}
         env = variant_env(args, job, scratch, cache)
         if threads:
             env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
@@ -46,16 +47,16 @@ class Worker:
         """Parallel start: the engine is up and waits for its turn."""
         return self.turn is not None and self.process.find("ready") is not None
 
-    def go(self, rnd: int, order: str) -> None:
-        """Round ``rnd``'s turn: ``order`` is ``more``, ``last`` or ``stop`` (:func:`kimi.bench.workers.give_turn`)."""
-        give_turn(self.turn, rnd, order)
+    def go(self, number: int, order: str) -> None:
+        """Turn ``number``: ``order`` is ``more``, ``last`` or ``stop`` (:func:`kimi.bench.workers.give_turn`)."""
+        give_turn(self.turn, number, order)
 
-    def wait_round(self, rnd: int, limit: float) -> bool:
-        """Wait up to ``limit`` s until the worker has measured round ``rnd`` (False: it exited or ran over)."""
+    def wait_turn(self, number: int, limit: float) -> bool:
+        """Wait up to ``limit`` s until the worker has measured turn ``number`` (False: it exited or ran over)."""
         end = time.monotonic() + limit
         while True:
             exited = self.proc.poll() is not None  # before reading: a worker reports before it exits
-            if self.process.find("round", round=rnd) is not None:
+            if self.process.find("round", round=number) is not None:
                 return True
             if exited or time.monotonic() > end:
                 return False
@@ -124,9 +125,9 @@ def run_serial(args: argparse.Namespace, jobs: list[dict], deadline: float, runs
 def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, runs: dict, report) -> None:
     """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
     CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, the
-    others waiting idle, for ``--rounds`` rounds (engine by engine in plan order, reversed every other round: a
-    drift of the host over minutes then touches every engine alike; each concurrency keeps its fastest round; see
-    :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine processes) runs on its own
+    others waiting idle, for ``--rounds`` rounds of turns (``--turns``; the engine order flips from turn to turn
+    and round to round, so a drift of the host touches every engine alike; each concurrency keeps its fastest
+    round; see :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine processes) runs on its own
     contiguous share of the CPUs (:func:`kimi.bench.hardware.cpu_groups`). Engines not collected when it ends (an
     error, an interrupt) are killed."""
     groups = cpu_groups(len(jobs)) if args.pin else [None] * len(jobs)
@@ -192,7 +193,7 @@ def measure_rounds(args: argparse.Namespace, live: list[dict], workers: dict, de
                 limit = max(1.0, min(args.job_timeout_s, deadline - time.monotonic()))
                 if final:
                     runs[job["name"]] = worker.collect(limit)
-                elif not worker.wait_round(number, limit):
+                elif not worker.wait_turn(number, limit):
                     worker.go(number + 1, "stop")  # it may still finish this turn; then it stops with it
                     runs[job["name"]] = worker.collect(max(1.0, deadline - time.monotonic()))
                 else:

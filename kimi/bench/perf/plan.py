@@ -32,6 +32,38 @@ def add_side_by_side_options(p: argparse.ArgumentParser, results: Path, pair_hel
     p.add_argument("--pair", type=Path, default=SHIPPED_PAIR, help=pair_help)
 
 
+def add_turn_options(p: argparse.ArgumentParser, when: str) -> None:
+    """The options of measuring engines started side by side in turns (:mod:`kimi.bench.perf.orchestrate`);
+    ``when`` says in the help when they act (e.g. ``with --parallel-start``). Checked by :func:`turn_errors`."""
+    p.add_argument("--pin", action="store_true",
+                   help=f"{when}: each engine held to its own share of the CPUs (taskset-like)")
+    p.add_argument("--turns", choices=["engine", "concurrency"], default="engine",
+                   help=f"{when}: what one engine measures at its turn: every concurrency (engine) or one, the "
+                        "engines taking turns at each concurrency before the next (concurrency: the rates compared "
+                        "are seconds apart)")
+    p.add_argument("--rewarm-tokens", type=int, metavar="N",
+                   help=f"{when}: output tokens of the warm-up batch before every measurement of a concurrency but "
+                        "its first (the first warms up with the full length: every batch shape); at least 2 (one "
+                        "decode step), at most --tokens; default: the full length")
+
+
+def turn_errors(args: argparse.Namespace, parallel: bool) -> list[str]:
+    """What is wrong with :func:`add_turn_options`' options and ``args.concurrency`` (an empty list: nothing);
+    ``parallel``: the engines are measured in turns (else the turn options have nothing to act on)."""
+    errors = []
+    if not parallel:
+        given = {"--pin": args.pin, "--turns": args.turns != "engine", "--rewarm-tokens": args.rewarm_tokens}
+        errors += [f"{flag} acts on the turns of --parallel-start; add --parallel-start or leave out {flag}"
+                   for flag, value in given.items() if value]
+    if args.rewarm_tokens is not None and not 2 <= args.rewarm_tokens <= args.tokens:
+        errors.append(f"--rewarm-tokens must be between 2 (one decode step) and --tokens ({args.tokens}), "
+                      f"got {args.rewarm_tokens}")
+    twice = sorted({c for c in args.concurrency if args.concurrency.count(c) > 1})
+    if twice:
+        errors.append(f"--concurrency lists {twice} more than once; give each concurrency once")
+    return errors
+
+
 def engine_settings(cpu_smoke: bool, concurrency: list[int]) -> dict:
     """The ``LLM(...)`` settings every engine of a call shares (``kimi.e2e.presets``): on a GPU room for the
     largest concurrency."""

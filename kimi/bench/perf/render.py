@@ -33,7 +33,8 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
               "| median per round [95% CI] (min-max) rounds | fork/no-spec "
               "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "
               + "".join(f"| fork on {r.upper()} tok/s (/ upstream) | tau on {r.upper()} " for r in held)
-              + ("| fork, hook off, tok/s | hook off/upstream per round | fork/hook off per round " if hookoff else "")
+              + ("| fork, hook off, tok/s | hook off/upstream per round [95% CI] (min-max) rounds "
+                 "| fork/hook off per round [95% CI] (min-max) rounds " if hookoff else "")
               + "|"),
              "|---" * (14 + 2 * len(held) + 3 * hookoff) + "|"]
     for r in summary["rows"]:
