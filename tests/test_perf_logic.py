@@ -334,10 +334,27 @@ def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:
 
 def test_rounds_keep_the_fastest_and_every_rate() -> None:
     by_c: dict = {}
-    merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}})
-    merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1})
-    merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2})
-    assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steps": {"target_ms": 1.0}, "tok_s_rounds": [100.0, 130.0, 90.0]}
+    merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}, "steal_s": 0.5})
+    merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1, "steal_s": 0.0})
+    merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2, "steal_s": None})
+    assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steal_s": 0.0, "steps": {"target_ms": 1.0},
+                         "tok_s_rounds": [100.0, 130.0, 90.0], "steal_s_rounds": [0.5, 0.0, None]}
+
+
+def test_steal_seconds_sum_the_steal_column_of_the_given_cpus(tmp_path: Path) -> None:
+    """/proc/stat's 8th value per cpuN line, over the CPUs asked for (the aggregate ``cpu`` line left out), in
+    seconds; None without the file or the column."""
+    from kimi.bench.hardware import steal_seconds
+
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  9 9 9 9 9 9 9 999 0 0\n"
+                    f"cpu0 1 2 3 4 5 6 7 {2 * hz} 0 0\ncpu1 1 2 3 4 5 6 7 {hz} 0 0\ncpu2 1 2 3 4 5 6 7 {4 * hz} 0 0\n"
+                    "intr 12 3\nctxt 5\n")
+    assert steal_seconds([0, 2], stat) == 6.0 and steal_seconds([1], stat) == 1.0 and steal_seconds([7], stat) == 0
+    assert steal_seconds([0], tmp_path / "missing") is None
+    stat.write_text("cpu0 1 2 3 4\n")
+    assert steal_seconds([0], stat) is None
 
 
 def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -499,6 +516,8 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
     assert {n: {c: len(e["tok_s_rounds"]) for c, e in r["by_concurrency"].items()} for n, r in runs.items()} == {
         n: {"1": 2, "2": 2} for n in runs}
+    steals = [x for r in runs.values() for e in r["by_concurrency"].values() for x in e["steal_s_rounds"]]
+    assert len(steals) == 8 and all(x is None or x >= 0 for x in steals)
     assert "round 2, turn 2 of 2, last" in run.stdout
 
 

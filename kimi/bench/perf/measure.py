@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import device
+from kimi.bench.hardware import device, steal_seconds
 from kimi.bench.perf import log
 from kimi.bench.results import write_lines
 from kimi.bench.timers import collect_timer, install_timer, step_times
@@ -61,7 +61,8 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
                 by_c = result["by_concurrency"]
                 entry = measure(llm, job, c, first=str(c) not in by_c)
                 merge_round(by_c, str(c), entry)
-                log(f"{job['name']} turn {number + 1} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}")
+                log(f"{job['name']} turn {number + 1} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}, "
+                    f"steal {entry['steal_s']} s")
             if order == "last":
                 break
             report.emit("round", round=number)
@@ -133,28 +134,30 @@ def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
 
 def measure(llm, job: dict, c: int, first: bool) -> dict:
     """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
-    counters over them. The ``first`` measurement of ``c`` warms up with a full-length batch (lazily compiled
-    kernels, every batch shape it meets) and adds a shorter batch under the step timer
-    (:mod:`kimi.bench.timers`); a later one warms up with ``job["rewarm_tokens"]`` output tokens (default: the
+    counters over them and the CPU time the hypervisor took from this engine's CPUs meanwhile (``steal_s``,
+    :func:`kimi.bench.hardware.steal_seconds`; None off Linux). The ``first`` measurement of ``c`` warms up with a
+    full-length batch (lazily compiled kernels, every batch shape it meets) and adds a shorter batch under the step
+    timer (:mod:`kimi.bench.timers`); a later one warms up with ``job["rewarm_tokens"]`` output tokens (default: the
     full length) -- the shapes are known by then, the warm-up only wakes the engine."""
     from vllm import SamplingParams
 
     tokens = job["tokens"]
     batch, params = batch_of(job, c)
     llm.generate(*batch_of(job, c, None if first else job.get("rewarm_tokens")), use_tqdm=False)
-    before = spec_metrics(llm.get_metrics())
+    before, stolen = spec_metrics(llm.get_metrics()), steal_seconds()
     walls = []
     for _ in range(job["reps"]):
         t1 = time.perf_counter()
         outputs = llm.generate(batch, params, use_tqdm=False)
         walls.append(time.perf_counter() - t1)
-    after = spec_metrics(llm.get_metrics())
+    after, stolen_after = spec_metrics(llm.get_metrics()), steal_seconds()
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     wall = min(walls)
     entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
              "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
+             "steal_s": None if stolen is None or stolen_after is None else round(stolen_after - stolen, 3),
              "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
     if first:
         llm.collective_rpc(install_timer)
@@ -169,11 +172,12 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
 
 def merge_round(by_c: dict, c: str, entry: dict) -> None:
     """Fold one round's ``entry`` for concurrency ``c`` into ``by_c``: the fastest round's numbers, every round's
-    tok/s in ``tok_s_rounds``, the step times of the first round."""
+    tok/s in ``tok_s_rounds`` and stolen CPU seconds in ``steal_s_rounds``, the step times of the first round."""
     prev = by_c.get(c)
     if prev is None:
-        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]]}
+        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]], "steal_s_rounds": [entry.get("steal_s")]}
         return
-    rounds = [*prev["tok_s_rounds"], entry["tok_s"]]
     best = entry if entry["tok_s"] > prev["tok_s"] else prev
-    by_c[c] = {**best, "steps": prev.get("steps", entry.get("steps", {})), "tok_s_rounds": rounds}
+    by_c[c] = {**best, "steps": prev.get("steps", entry.get("steps", {})),
+               "tok_s_rounds": [*prev["tok_s_rounds"], entry["tok_s"]],
+               "steal_s_rounds": [*prev.get("steal_s_rounds", []), entry.get("steal_s")]}
