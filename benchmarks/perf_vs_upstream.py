@@ -64,7 +64,8 @@ ideal speed-up is 1.
 Writes ``perf_vs_upstream.json``, ``perf_vs_upstream.md`` and ``perf_vs_upstream.png`` (with matplotlib) under
 ``--out``; the JSON is rewritten after every engine, so a call stopped by its time limit keeps what finished.
 ``--pool A.json B.json ...`` joins calls of the same plan (the same engines measured again): each row's per-round
-ratios become every call's rounds. ``--chart-only FILE`` redraws the PNG and markdown from a JSON.
+ratios become every call's rounds. ``--noise A.json B.json ...`` writes how noisy each call's rounds are
+(``kimi.bench.perf.noise``). ``--chart-only FILE`` redraws the PNG and markdown from a JSON.
 ``--cpu-smoke`` runs the same logic on CPU (tiny slice, float32, eager, both variants on the fork) and writes
 under ``--out`` only; ``--no-chart`` leaves out the PNG (a device call returns few files: draw it from the
 combined JSON).
@@ -83,6 +84,7 @@ from pathlib import Path
 
 from kimi.bench.perf import log, measure
 from kimi.bench.perf.analysis import combine, pool, summarize
+from kimi.bench.perf.noise import markdown, noise
 from kimi.bench.perf.orchestrate import run_all
 from kimi.bench.perf.plan import (
     CONCURRENCY,
@@ -96,7 +98,7 @@ from kimi.bench.perf.plan import (
     turn_errors,
 )
 from kimi.bench.perf.render import write_outputs
-from kimi.bench.results import stamp
+from kimi.bench.results import stamp, write_json, write_lines
 from kimi.bench.workers import serve_jobs, site_errors
 from kimi.errors import KimiError
 
@@ -144,6 +146,9 @@ def parser() -> argparse.ArgumentParser:
                    help="merge the results of several calls (e.g. one per model) into --out")
     p.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
                    help="join calls of the same plan into --out: every call's per-round ratios pooled per row")
+    p.add_argument("--noise", type=Path, nargs="+", metavar="JSON",
+                   help="how noisy the rounds of these calls are (kimi.bench.perf.noise): perf_noise.md and .json "
+                        "under --out, one line per call and concurrency")
     p.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",
                    help="with --combine: a fork engine whose rows do not count, and why")
     p.add_argument("--note", action="append", default=[],
@@ -160,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.chart_only:
         summary = json.loads(args.chart_only.read_text())
         write_outputs(args.chart_only.parent, summary)
+        return 0
+    if args.noise:
+        calls = [(f"{path.parent.name}/{path.stem}", noise(json.loads(path.read_text()))) for path in args.noise]
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "perf_noise.json", dict(calls))
+        write_lines(args.out / "perf_noise.md", markdown(calls))
+        print(f"perf: wrote {args.out / 'perf_noise.md'}")
         return 0
     if args.pool:
         try:

@@ -577,6 +577,43 @@ def test_markdown_shows_the_median_interval_and_the_rounds(tmp_path: Path) -> No
     assert per_round({}, "fork_vs_upstream") == "-"
 
 
+def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path) -> None:
+    """--noise: SD of log(fork/upstream), r between fork and upstream, each engine's CV and r against stolen
+    seconds (rounds without a steal figure left out); held-runner fork engines are not rows; the CLI writes the
+    markdown and JSON."""
+    import math
+    import statistics
+
+    from kimi.bench.perf.noise import noise
+
+    def run(rates: list[float], steal: list[float | None] | None = None) -> dict:
+        entry = {"tok_s_rounds": rates, **({"steal_s_rounds": steal} if steal is not None else {})}
+        return {"status": "done", "by_concurrency": {"4": entry}}
+
+    fork, up = [100.0, 120.0, 90.0, 110.0], [100.0, 100.0, 100.0, 105.0]
+    part = {"command": "x", "date": "d", "device": "H200",
+            "runs": {"pair/nospec": run([50.0, 60.0, 55.0, 40.0], [0.0, 0.1, None, 0.4]),
+                     "pair/upstream_k3": run(up), "pair/fork_k3": run(fork, [0.3, 0.1, 0.5, 0.2]),
+                     "pair/fork_v1_k3": run([1.0, 2.0, 3.0, 4.0]), "pair/hookoff_k3": {"status": "error"}}}
+    got = noise(part)
+    [row] = got["rows"]
+    logs = [math.log(f / u) for f, u in zip(fork, up, strict=True)]
+    assert row["rounds"] == 4 and row["log_ratio_sd"] == round(statistics.stdev(logs), 3) == got["log_ratio_sd"]
+    assert row["r_fork_upstream"] == round(statistics.correlation(fork, up), 2)
+    assert row["engines"]["fork_k3"] == {"cv": round(statistics.stdev(fork) / statistics.mean(fork), 3),
+                                         "r_steal": round(statistics.correlation(fork, [0.3, 0.1, 0.5, 0.2]), 2)}
+    assert row["engines"]["nospec"]["r_steal"] == round(statistics.correlation([50.0, 60.0, 40.0], [0.0, 0.1, 0.4]), 2)
+    assert row["engines"]["upstream_k3"]["r_steal"] is None and set(row["engines"]) == {
+        "nospec", "upstream_k3", "fork_k3", "fork_v1_k3"}
+    call = tmp_path / "call1.json"
+    call.write_text(json.dumps(part))
+    assert _bench("perf_vs_upstream").main(["--noise", str(call), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "perf_noise.md").read_text()
+    assert f"| {tmp_path.name}/call1 | pair | 3 | 4 | 4 | {row['log_ratio_sd']} |" in text
+    assert "upstream_k3 -" in text
+    assert json.loads((tmp_path / "out" / "perf_noise.json").read_text())[f"{tmp_path.name}/call1"] == got
+
+
 def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
     from kimi.bench.perf.analysis import goal, round_ratios
 
