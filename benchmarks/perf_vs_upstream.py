@@ -147,8 +147,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
                    help="join calls of the same plan into --out: every call's per-round ratios pooled per row")
     p.add_argument("--noise", type=Path, nargs="+", metavar="JSON",
-                   help="how noisy the rounds of these calls are (kimi.bench.perf.noise): perf_noise.md and .json "
-                        "under --out, one line per call and concurrency")
+                   help="how noisy the rounds of these calls are (their own perf_vs_upstream.json files; "
+                        "kimi.bench.perf.noise): perf_noise.md and .json under --out, a line per call and concurrency")
     p.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",
                    help="with --combine: a fork engine whose rows do not count, and why")
     p.add_argument("--note", action="append", default=[],
@@ -167,7 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args.chart_only.parent, summary)
         return 0
     if args.noise:
-        calls = [(f"{path.parent.name}/{path.stem}", noise(json.loads(path.read_text()))) for path in args.noise]
+        labels = [f"{path.resolve().parent.name}/{path.stem}" for path in args.noise]
+        if len(set(labels)) < len(labels):
+            cli.error(f"--noise: two files would share a label (folder/name): {labels}; copy or rename one")
+        calls = []
+        for label, path in zip(labels, args.noise, strict=True):
+            try:
+                calls.append((label, noise(json.loads(path.read_text()))))
+            except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+                cli.error(f"--noise {path}: {exc}")
         args.out.mkdir(parents=True, exist_ok=True)
         write_json(args.out / "perf_noise.json", dict(calls))
         write_lines(args.out / "perf_noise.md", markdown(calls))

@@ -16,8 +16,9 @@ target with an FP8 KV cache and the drafter's own bf16 KV cache on Triton attent
 ``kv_cache_dtype`` / ``attention_backend``; ``fork_k3`` against the previous variant's ``nospec``); and controls:
 the bf16 target with each KV cache dtype and the block-FP8 target without speculation, every request alone
 (``max_num_seqs`` 1), to tell what batching alone flips from what speculation flips. All engines start at once and are
-measured one at a time in ``--rounds`` interleaved rounds (``kimi.bench.perf.orchestrate.run_parallel``), every
-concurrency: c requests at once, greedy, ``--tokens`` output tokens, EOS ignored.
+measured one at a time in ``--rounds`` interleaved rounds (``kimi.bench.perf.orchestrate.run_parallel``; ``--pin``,
+``--turns`` and ``--rewarm-tokens`` as in ``perf_vs_upstream.py``), every concurrency: c requests at once, greedy,
+``--tokens`` output tokens, EOS ignored.
 
 Writes ``quantized.json`` and ``quantized.md`` under ``--out`` (rewritten after every engine): per variant and c,
 identical / total greedy sequences against the same target without speculation, τ (and τ over the bf16 target's),
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(str(exc))
     runs_file = args.scratch / RUNS_FILE
     measured = {"concurrency": args.concurrency, "tokens": args.tokens, "reps": args.reps, "rounds": args.rounds,
+                "pin": args.pin, "turns": args.turns, "rewarm_tokens": args.rewarm_tokens,
                 "cpu_smoke": args.cpu_smoke, "pair": str(args.pair)}
     try:
         earlier = earlier_call(runs_file, measured) if args.merge else None

@@ -334,27 +334,34 @@ def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:
 
 def test_rounds_keep_the_fastest_and_every_rate() -> None:
     by_c: dict = {}
-    merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}, "steal_s": 0.5})
-    merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1, "steal_s": 0.0})
-    merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2, "steal_s": None})
-    assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steal_s": 0.0, "steps": {"target_ms": 1.0},
-                         "tok_s_rounds": [100.0, 130.0, 90.0], "steal_s_rounds": [0.5, 0.0, None]}
+    merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}, "steal_share": 0.05})
+    merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1, "steal_share": 0.0})
+    merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2, "steal_share": None})
+    assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steal_share": 0.0, "steps": {"target_ms": 1.0},
+                         "tok_s_rounds": [100.0, 130.0, 90.0], "steal_share_rounds": [0.05, 0.0, None]}
 
 
 def test_steal_seconds_sum_the_steal_column_of_the_given_cpus(tmp_path: Path) -> None:
     """/proc/stat's 8th value per cpuN line, over the CPUs asked for (the aggregate ``cpu`` line left out), in
-    seconds; None without the file or the column."""
+    seconds; None without the file, the column or any of the CPUs; the share of a process's CPU time from two
+    readings."""
     from kimi.bench.hardware import steal_seconds
+    from kimi.bench.perf.measure import steal_share
 
     hz = os.sysconf("SC_CLK_TCK")
     stat = tmp_path / "stat"
     stat.write_text("cpu  9 9 9 9 9 9 9 999 0 0\n"
                     f"cpu0 1 2 3 4 5 6 7 {2 * hz} 0 0\ncpu1 1 2 3 4 5 6 7 {hz} 0 0\ncpu2 1 2 3 4 5 6 7 {4 * hz} 0 0\n"
-                    "intr 12 3\nctxt 5\n")
-    assert steal_seconds([0, 2], stat) == 6.0 and steal_seconds([1], stat) == 1.0 and steal_seconds([7], stat) == 0
-    assert steal_seconds([0], tmp_path / "missing") is None
+                    "\nintr 12 3\nctxt 5\n")
+    assert steal_seconds([0, 2], stat) == 6.0 and steal_seconds([1], stat) == 1.0
+    assert steal_seconds([7], stat) is None and steal_seconds([0], tmp_path / "missing") is None
     stat.write_text("cpu0 1 2 3 4\n")
     assert steal_seconds([0], stat) is None
+    cpus = len(os.sched_getaffinity(0))
+    assert steal_share(1.0, 3.0, 4.0) == round(2.0 / (4.0 * cpus), 4)
+    assert steal_share(None, 3.0, 4.0) is None and steal_share(1.0, 1.0, 0.0) is None
+    if Path("/proc/stat").is_file():
+        assert steal_seconds() is not None  # this machine's own, over this process's CPUs
 
 
 def test_parallel_start_measures_ready_engines_in_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -516,8 +523,10 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
     assert {n: r["status"] for n, r in runs.items()} == {"pair/nospec": "done", "pair/fork_k3": "done"}
     assert {n: {c: len(e["tok_s_rounds"]) for c, e in r["by_concurrency"].items()} for n, r in runs.items()} == {
         n: {"1": 2, "2": 2} for n in runs}
-    steals = [x for r in runs.values() for e in r["by_concurrency"].values() for x in e["steal_s_rounds"]]
-    assert len(steals) == 8 and all(x is None or x >= 0 for x in steals)
+    steals = [x for r in runs.values() for e in r["by_concurrency"].values() for x in e["steal_share_rounds"]]
+    assert len(steals) == 8
+    if Path("/proc/stat").is_file():  # Linux: every measurement has its stolen share
+        assert all(x is not None and x >= 0 for x in steals), steals
     assert "round 2, turn 2 of 2, last" in run.stdout
 
 
@@ -577,41 +586,66 @@ def test_markdown_shows_the_median_interval_and_the_rounds(tmp_path: Path) -> No
     assert per_round({}, "fork_vs_upstream") == "-"
 
 
-def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path) -> None:
-    """--noise: SD of log(fork/upstream), r between fork and upstream, each engine's CV and r against stolen
-    seconds (rounds without a steal figure left out); held-runner fork engines are not rows; the CLI writes the
-    markdown and JSON."""
+def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--noise: per row the SD of log(fork/upstream), r between fork and upstream, each engine's CV, largest stolen
+    share and r against the shares (rounds without one left out); the call's SD pooled within rows; the CLI writes
+    markdown and JSON and refuses what holds no rounds, a missing file and two files of one label."""
     import math
     import statistics
 
     from kimi.bench.perf.noise import noise
 
-    def run(rates: list[float], steal: list[float | None] | None = None) -> dict:
-        entry = {"tok_s_rounds": rates, **({"steal_s_rounds": steal} if steal is not None else {})}
-        return {"status": "done", "by_concurrency": {"4": entry}}
+    def run(by_c: dict[str, list[float]], steal: list[float | None] | None = None) -> dict:
+        return {"status": "done", "by_concurrency": {
+            c: {"tok_s_rounds": rates, **({"steal_share_rounds": steal} if steal is not None else {})}
+            for c, rates in by_c.items()}}
 
     fork, up = [100.0, 120.0, 90.0, 110.0], [100.0, 100.0, 100.0, 105.0]
+    fork16, up16 = [200.0, 210.0, 190.0, 220.0], [205.0, 200.0, 195.0, 200.0]
     part = {"command": "x", "date": "d", "device": "H200",
-            "runs": {"pair/nospec": run([50.0, 60.0, 55.0, 40.0], [0.0, 0.1, None, 0.4]),
-                     "pair/upstream_k3": run(up), "pair/fork_k3": run(fork, [0.3, 0.1, 0.5, 0.2]),
-                     "pair/fork_v1_k3": run([1.0, 2.0, 3.0, 4.0]), "pair/hookoff_k3": {"status": "error"}}}
+            "runs": {"pair/nospec": run({"4": [50.0, 60.0, 55.0, 40.0]}, [0.0, 0.1, None, 0.4]),
+                     "pair/upstream_k3": run({"4": up, "16": up16}),
+                     "pair/fork_k3": run({"4": fork, "16": fork16}, [0.03, 0.01, 0.05, 0.02]),
+                     "pair/fork_v1_k3": run({"4": [1.0, 2.0, 3.0, 4.0]}), "pair/hookoff_k3": {"status": "error"}}}
     got = noise(part)
-    [row] = got["rows"]
+    row, row16 = got["rows"]
     logs = [math.log(f / u) for f, u in zip(fork, up, strict=True)]
-    assert row["rounds"] == 4 and row["log_ratio_sd"] == round(statistics.stdev(logs), 3) == got["log_ratio_sd"]
+    logs16 = [math.log(f / u) for f, u in zip(fork16, up16, strict=True)]
+    assert (row["concurrency"], row16["concurrency"]) == (4, 16)
+    assert row["rounds"] == 4 and row["log_ratio_sd"] == round(statistics.stdev(logs), 3)
+    pooled = math.sqrt((statistics.variance(logs) + statistics.variance(logs16)) / 2)  # equal rounds: the mean
+    assert got["log_ratio_sd"] == round(pooled, 3) != round(statistics.stdev(logs + logs16), 3)
     assert row["r_fork_upstream"] == round(statistics.correlation(fork, up), 2)
     assert row["engines"]["fork_k3"] == {"cv": round(statistics.stdev(fork) / statistics.mean(fork), 3),
-                                         "r_steal": round(statistics.correlation(fork, [0.3, 0.1, 0.5, 0.2]), 2)}
+                                         "steal_max": 0.05,
+                                         "r_steal": round(statistics.correlation(fork, [0.03, 0.01, 0.05, 0.02]), 2)}
     assert row["engines"]["nospec"]["r_steal"] == round(statistics.correlation([50.0, 60.0, 40.0], [0.0, 0.1, 0.4]), 2)
-    assert row["engines"]["upstream_k3"]["r_steal"] is None and set(row["engines"]) == {
-        "nospec", "upstream_k3", "fork_k3", "fork_v1_k3"}
-    call = tmp_path / "call1.json"
+    assert row["engines"]["upstream_k3"] == {"cv": row["engines"]["upstream_k3"]["cv"], "steal_max": None,
+                                             "r_steal": None}
+    assert set(row["engines"]) == {"nospec", "upstream_k3", "fork_k3", "fork_v1_k3"}
+
+    bench = _bench("perf_vs_upstream")
+    (tmp_path / "a").mkdir()
+    call = tmp_path / "a" / "call1.json"
     call.write_text(json.dumps(part))
-    assert _bench("perf_vs_upstream").main(["--noise", str(call), "--out", str(tmp_path / "out")]) == 0
+    assert bench.main(["--noise", str(call), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "perf_noise.md").read_text()
-    assert f"| {tmp_path.name}/call1 | pair | 3 | 4 | 4 | {row['log_ratio_sd']} |" in text
-    assert "upstream_k3 -" in text
-    assert json.loads((tmp_path / "out" / "perf_noise.json").read_text())[f"{tmp_path.name}/call1"] == got
+    assert f"| a/call1 | pair | 3 | 4 | 4 | {row['log_ratio_sd']} |" in text and "upstream_k3 -" in text
+    assert json.loads((tmp_path / "out" / "perf_noise.json").read_text())["a/call1"] == got
+    (tmp_path / "b" / "a").mkdir(parents=True)
+    (tmp_path / "b" / "a" / "call1.json").write_text(json.dumps(part))
+    pooled_result = tmp_path / "pooled.json"
+    pooled_result.write_text(json.dumps({"rows": [], "runs": {}}))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"runs": {"pair/nospec": {"status": "done", "by_concurrency": {"4": {"tok_s": 1.0}}}}}))
+    for argv, message in (([str(call), str(tmp_path / "b" / "a" / "call1.json")], "share a label"),
+                          ([str(tmp_path / "missing.json")], "No such file"),
+                          ([str(pooled_result)], "not a --pool or --combine result"),
+                          ([str(old)], "predates interleaved rounds")):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--noise", *argv, "--out", str(tmp_path / "out2")])
+        assert stop.value.code == 2 and message in capsys.readouterr().err, argv
+    assert not (tmp_path / "out2").exists()
 
 
 def test_round_ratios_pair_rounds_and_the_median_goal() -> None:

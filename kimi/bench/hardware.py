@@ -38,20 +38,21 @@ def cpu_groups(workers: int, cpus: list[int] | None = None) -> list[list[int]]:
 def steal_seconds(cpus: list[int] | None = None, stat: Path = Path("/proc/stat")) -> float | None:
     """Seconds the hypervisor has kept ``cpus`` (default: the CPUs this process may run on) from running while they
     had work, summed over them since boot: the ``steal`` column (8th value) of their ``cpuN`` lines in ``stat``,
-    in ``USER_HZ`` ticks (proc(5)). None where ``stat`` is missing or lacks the column (not Linux, old kernels)."""
+    in ``USER_HZ`` ticks (proc(5)). None where ``stat`` is missing, lacks the column (not Linux, old kernels) or
+    lists none of ``cpus``."""
     wanted = set(cpus if cpus is not None else os.sched_getaffinity(0))
     try:
         lines = stat.read_text().splitlines()
     except OSError:
         return None
-    ticks = 0
+    ticks, found = 0, 0
     for line in lines:
-        name, *values = line.split()
+        name, *values = line.split() or [""]
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in wanted:
             if len(values) < 8:
                 return None
-            ticks += int(values[7])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            ticks, found = ticks + int(values[7]), found + 1
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
 
 
 def device() -> dict:

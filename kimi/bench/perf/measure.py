@@ -62,7 +62,7 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
                 entry = measure(llm, job, c, first=str(c) not in by_c)
                 merge_round(by_c, str(c), entry)
                 log(f"{job['name']} turn {number + 1} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}, "
-                    f"steal {entry['steal_s']} s")
+                    f"steal share {entry['steal_share']}")
             if order == "last":
                 break
             report.emit("round", round=number)
@@ -86,7 +86,7 @@ def turn_concurrency(job: dict, number: int) -> list[int]:
     cs = job["concurrency"]
     if job.get("turns") != "concurrency":
         return list(cs)
-    every = job["call_concurrency"]
+    every = job.get("call_concurrency", cs)
     c = every[number % len(every)]
     return [c] if c in cs else []
 
@@ -134,8 +134,8 @@ def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
 
 def measure(llm, job: dict, c: int, first: bool) -> dict:
     """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
-    counters over them and the CPU time the hypervisor took from this engine's CPUs meanwhile (``steal_s``,
-    :func:`kimi.bench.hardware.steal_seconds`; None off Linux). The ``first`` measurement of ``c`` warms up with a
+    counters over them and the share of this engine's CPU time the hypervisor took meanwhile (``steal_share``,
+    :func:`steal_share`). The ``first`` measurement of ``c`` warms up with a
     full-length batch (lazily compiled kernels, every batch shape it meets) and adds a shorter batch under the step
     timer (:mod:`kimi.bench.timers`); a later one warms up with ``job["rewarm_tokens"]`` output tokens (default: the
     full length) -- the shapes are known by then, the warm-up only wakes the engine."""
@@ -157,7 +157,7 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
     wall = min(walls)
     entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
              "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
-             "steal_s": None if stolen is None or stolen_after is None else round(stolen_after - stolen, 3),
+             "steal_share": steal_share(stolen, stolen_after, sum(walls)),
              "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
     if first:
         llm.collective_rpc(install_timer)
@@ -170,14 +170,23 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
     return entry
 
 
+def steal_share(before: float | None, after: float | None, seconds: float) -> float | None:
+    """The share of this process's CPUs' time over ``seconds`` of wall time that the hypervisor took
+    (``after - before`` stolen seconds from :func:`kimi.bench.hardware.steal_seconds`, over the CPUs the process
+    may run on), rounded to 1e-4; None where steal time is not known."""
+    if before is None or after is None or seconds <= 0:
+        return None
+    return round((after - before) / (seconds * len(os.sched_getaffinity(0))), 4)
+
+
 def merge_round(by_c: dict, c: str, entry: dict) -> None:
     """Fold one round's ``entry`` for concurrency ``c`` into ``by_c``: the fastest round's numbers, every round's
-    tok/s in ``tok_s_rounds`` and stolen CPU seconds in ``steal_s_rounds``, the step times of the first round."""
+    tok/s in ``tok_s_rounds`` and stolen CPU share in ``steal_share_rounds``, the step times of the first round."""
     prev = by_c.get(c)
     if prev is None:
-        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]], "steal_s_rounds": [entry.get("steal_s")]}
+        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]], "steal_share_rounds": [entry.get("steal_share")]}
         return
     best = entry if entry["tok_s"] > prev["tok_s"] else prev
     by_c[c] = {**best, "steps": prev.get("steps", entry.get("steps", {})),
                "tok_s_rounds": [*prev["tok_s_rounds"], entry["tok_s"]],
-               "steal_s_rounds": [*prev.get("steal_s_rounds", []), entry.get("steal_s")]}
+               "steal_share_rounds": [*prev.get("steal_share_rounds", []), entry.get("steal_share")]}

@@ -1,7 +1,7 @@
-"""How noisy a perf_vs_upstream call's rounds are (``benchmarks/perf_vs_upstream.py --noise``): per model and
+"""How noisy a perf_vs_upstream call's rounds are (``benchmarks/perf_vs_upstream.py --noise``): per model, k and
 concurrency the spread of log(fork / upstream) over the rounds, whether the fork's and upstream's rates move
-together, each engine's coefficient of variation and the correlation of its rates with the CPU time the
-hypervisor took from it (``steal_s_rounds``, recorded since c95dd9e)."""
+together, each engine's coefficient of variation, and how much of its CPU time the hypervisor took
+(``steal_share_rounds``, absent from older calls) and whether its rates follow that."""
 
 from __future__ import annotations
 
@@ -26,13 +26,32 @@ def cv(rates: list[float]) -> float | None:
     return round(statistics.stdev(rates) / statistics.mean(rates), 3) if len(rates) > 1 else None
 
 
+def engine_noise(entry: dict) -> dict:
+    """One engine at one concurrency: ``cv`` of its rates, ``steal_max`` (the largest share of its CPU time the
+    hypervisor took in a round; None where not recorded) and ``r_steal`` (its rates against those shares)."""
+    shares = [x for x in entry.get("steal_share_rounds", []) if x is not None]
+    return {"cv": cv(entry["tok_s_rounds"]), "steal_max": max(shares) if shares else None,
+            "r_steal": correlation(entry["tok_s_rounds"], entry.get("steal_share_rounds", []))}
+
+
 def noise(part: dict) -> dict:
-    """The spread of one call's rounds (``part``: a ``perf_vs_upstream.json``): a row per model and concurrency
-    where ``<model>/fork_k{k}`` and ``<model>/upstream_k{k}`` are both done, and ``log_ratio_sd`` over every
-    row's rounds of the call. ``engines`` in a row: per engine of that model its ``cv`` and ``r_steal`` (rates
-    against stolen seconds; None where not recorded)."""
+    """The spread of one call's rounds (``part``: a call's own ``perf_vs_upstream.json``): a row per model, k and
+    concurrency where ``<model>/fork_k{k}`` and ``<model>/upstream_k{k}`` are both done (``engines``: every done
+    engine of that model, :func:`engine_noise`), and ``log_ratio_sd``, the rows' standard deviations pooled
+    (``sqrt(sum((n - 1) s^2) / sum(n - 1))``: the spread within rows, not between them).
+
+    Raises:
+        ValueError: ``part`` holds no engine results (not a perf_vs_upstream result, or a ``--pool`` /
+            ``--combine`` one, which keeps no rounds per engine), or rates without rounds (before rounds were
+            recorded).
+    """
+    if not isinstance(part, dict) or not part.get("runs") or not all("/" in n for n in part["runs"]):
+        raise ValueError("no engine results (runs) of a perf_vs_upstream call: pass the calls' own JSONs, not a "
+                         "--pool or --combine result")
     runs = {n: r for n, r in part["runs"].items() if r.get("status") == "done"}
-    rows, logs = [], []
+    if any("tok_s_rounds" not in e for r in runs.values() for e in r.get("by_concurrency", {}).values()):
+        raise ValueError("rates without tok_s_rounds: the call predates interleaved rounds")
+    rows = []
     for name, fork in runs.items():
         model, engine = name.split("/", 1)
         upstream = runs.get(f"{model}/upstream_{engine.removeprefix('fork_')}")
@@ -40,37 +59,44 @@ def noise(part: dict) -> dict:
             continue
         peers = {n.split("/", 1)[1]: r for n, r in runs.items() if n.startswith(f"{model}/")}
         for c, f in fork["by_concurrency"].items():
-            u = upstream["by_concurrency"].get(c, {})
-            ratios = [math.log(a / b) for a, b in zip(f["tok_s_rounds"], u.get("tok_s_rounds", []), strict=False)
-                      if a and b]
-            logs += ratios
+            up_rates = upstream["by_concurrency"].get(c, {}).get("tok_s_rounds", [])
+            logs = [math.log(a / b) for a, b in zip(f["tok_s_rounds"], up_rates, strict=False) if a and b]
             rows.append({
-                "model": model, "k": int(engine.removeprefix("fork_k")), "concurrency": int(c), "rounds": len(ratios),
-                "log_ratio_sd": round(statistics.stdev(ratios), 3) if len(ratios) > 1 else None,
-                "r_fork_upstream": correlation(f["tok_s_rounds"], u.get("tok_s_rounds", [])),
-                "engines": {e: {"cv": cv(at["tok_s_rounds"]),
-                                "r_steal": correlation(at["tok_s_rounds"], at.get("steal_s_rounds", []))}
-                            for e, r in peers.items() if (at := r["by_concurrency"].get(c))},
+                "model": model, "k": int(engine.removeprefix("fork_k")), "concurrency": int(c), "rounds": len(logs),
+                "log_ratio_sd": round(statistics.stdev(logs), 3) if len(logs) > 1 else None,
+                "variance_sum": statistics.variance(logs) * (len(logs) - 1) if len(logs) > 1 else 0.0,
+                "r_fork_upstream": correlation(f["tok_s_rounds"], up_rates),
+                "engines": {e: engine_noise(at) for e, r in peers.items() if (at := r["by_concurrency"].get(c))},
             })
+    dof = sum(r["rounds"] - 1 for r in rows if r["rounds"] > 1)
+    pooled = round(math.sqrt(sum(r.pop("variance_sum") for r in rows) / dof), 3) if dof else None
     return {"command": part.get("command"), "date": part.get("date"), "device": part.get("device"), "rows": rows,
-            "log_ratio_sd": round(statistics.stdev(logs), 3) if len(logs) > 1 else None}
+            "log_ratio_sd": pooled}
 
 
 def markdown(calls: list[tuple[str, dict]]) -> list[str]:
-    """A table of :func:`noise` results, one line per call, model and concurrency; ``calls``: (label, result)."""
-    lines = ["# How noisy the rounds are (perf_vs_upstream.py --noise)", "",
-             ("SD: standard deviation of log(fork/upstream) over the rounds; r: Pearson's r; CV: an engine's rate's "
-              "standard deviation over its mean; r(steal): an engine's rates against the CPU seconds the hypervisor "
-              "took from its CPUs in the same measurement (- where not recorded)."), "",
-             "| call | model | k | c | rounds | SD | r(fork, upstream) | CV per engine | r(steal) per engine |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    def per_engine(engines: dict, key: str) -> str:
-        return ", ".join(f"{name} {'-' if values[key] is None else values[key]}" for name, values in engines.items())
+    """A table of :func:`noise` results, one line per call, model, k and concurrency and one per call (``all``: the
+    pooled SD); ``calls``: (label, result)."""
+    def shown(value) -> str:
+        return "-" if value is None else str(value)
 
+    def per_engine(engines: dict, key: str) -> str:
+        return ", ".join(f"{name} {shown(values[key])}" for name, values in engines.items())
+
+    lines = ["# How noisy the rounds are (perf_vs_upstream.py --noise)", "",
+             ("SD: standard deviation of log(fork/upstream) over the rounds (the call's line: pooled within rows); "
+              "r: Pearson's r; CV: an engine's rate's standard deviation over its mean; steal: the largest share of "
+              "an engine's CPU time the hypervisor took in one round, r(steal): its rates against those shares; "
+              "-: not known (not recorded, too few rounds, or a constant side)."), "",
+             ("| call | model | k | c | rounds | SD | r(fork, upstream) | CV per engine | steal per engine "
+              "| r(steal) per engine |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label, result in calls:
         for row in result["rows"]:
+            engines = row["engines"]
             lines.append(f"| {label} | {row['model']} | {row['k']} | {row['concurrency']} | {row['rounds']} "
-                         f"| {row['log_ratio_sd']} | {row['r_fork_upstream']} | {per_engine(row['engines'], 'cv')} "
-                         f"| {per_engine(row['engines'], 'r_steal')} |")
-        lines.append(f"| {label} | all | | | | {result['log_ratio_sd']} | | | |")
+                         f"| {shown(row['log_ratio_sd'])} | {shown(row['r_fork_upstream'])} "
+                         f"| {per_engine(engines, 'cv')} | {per_engine(engines, 'steal_max')} "
+                         f"| {per_engine(engines, 'r_steal')} |")
+        lines.append(f"| {label} | all | | | | {shown(result['log_ratio_sd'])} | | | | |")
     return lines

@@ -125,11 +125,11 @@ def run_serial(args: argparse.Namespace, jobs: list[dict], deadline: float, runs
 def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, runs: dict, report) -> None:
     """All of ``jobs`` start at once (each its own compile cache; inductor's compile threads shared out over the
     CPUs); once every engine is ready (or gone, or past ``--job-timeout-s``) they measure one at a time, the
-    others waiting idle, for ``--rounds`` rounds of turns (``--turns``; the engine order flips from turn to turn
-    and round to round, so a drift of the host touches every engine alike; each concurrency keeps its fastest
-    round; see :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine processes) runs on its own
-    contiguous share of the CPUs (:func:`kimi.bench.hardware.cpu_groups`). Engines not collected when it ends (an
-    error, an interrupt) are killed."""
+    others waiting idle, for ``--rounds`` rounds of turns (``--turns``; the engine order is reversed every other
+    turn of a round and every other round, so a drift of the host touches every engine alike; each concurrency
+    keeps its fastest round; see :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine
+    processes) runs on its own contiguous share of the CPUs (:func:`kimi.bench.hardware.cpu_groups`). Engines not
+    collected when it ends (an error, an interrupt) are killed."""
     groups = cpu_groups(len(jobs)) if args.pin else [None] * len(jobs)
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each"
