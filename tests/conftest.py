@@ -26,6 +26,18 @@ from kimi.fork.layout import DEFAULT_LINE
 from kimi.fork.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module (its functions called in-process)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 VERSION = "9.9.0"
 
 # A miniature upstream release in the layout of vLLM's sdist.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_benchmark
 from kimi.bench.hardware import cpu_groups
 from kimi.bench.perf import analysis, orchestrate
 from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
@@ -624,7 +624,7 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
                                              "r_steal": None}
     assert set(row["engines"]) == {"nospec", "upstream_k3", "fork_k3", "fork_v1_k3"}
 
-    bench = _bench("perf_vs_upstream")
+    bench = load_benchmark("perf_vs_upstream")
     (tmp_path / "a").mkdir()
     call = tmp_path / "a" / "call1.json"
     call.write_text(json.dumps(part))
@@ -740,18 +740,8 @@ def test_turn_options_are_checked_before_anything_starts() -> None:
     assert "got 65" in errors("--rewarm-tokens", "65")
     assert "--concurrency lists [4] more than once" in errors("--concurrency", "4", "1", "4")
     for script in ("perf_vs_upstream", "quantized"):
-        dests = {a.dest for a in _bench(script).parser()._actions}
+        dests = {a.dest for a in load_benchmark(script).parser()._actions}
         assert {"pin", "turns", "rewarm_tokens", "rounds", "concurrency", "tokens", "budget_s"} <= dests, script
-
-
-def _bench(name: str):
-    """``benchmarks/<name>.py`` as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_quantized_runs_its_engines_through_run_parallel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -774,7 +764,7 @@ def test_quantized_runs_its_engines_through_run_parallel(tmp_path: Path, monkeyp
             return {"status": "error", "seconds": 0.0}
 
     monkeypatch.setattr(orchestrate, "Worker", GoneAtOnce)
-    args = _bench("quantized").parser().parse_args(["--scratch", str(tmp_path), "--turns", "concurrency"])
+    args = load_benchmark("quantized").parser().parse_args(["--scratch", str(tmp_path), "--turns", "concurrency"])
     runs: dict = {}
     run_parallel(args, [{"name": "bf16/nospec"}], time.monotonic() + 600, runs, lambda job: None)
     assert started == ["bf16/nospec"] and runs["bf16/nospec"]["status"] == "error"

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import ROOT, load_benchmark  # noqa: E402
 from kimi.train.eagle3 import DrafterShape, Eagle3Drafter, rotate  # noqa: E402
 from kimi.train.report import report  # noqa: E402
 from kimi.train.store import append_samples, read_samples  # noqa: E402
@@ -145,19 +146,14 @@ def test_report_writes_valid_png_charts(tmp_path: Path):
 
 
 def test_acceptance_benchmark_writes_its_chart_beside_the_json(tmp_path: Path):
-    import importlib.util
-
     require_matplotlib()
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("acceptance_bench", root / "benchmarks" / "acceptance.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    result = json.loads((root / "benchmarks" / "results" / "cpu" / "acceptance.json").read_text())
+    bench = load_benchmark("acceptance")
+    result = json.loads((ROOT / "benchmarks" / "results" / "cpu" / "acceptance.json").read_text())
     png = bench.chart(result, tmp_path / "acceptance.png")
     assert png == tmp_path / "acceptance.png"
     assert_png(png, min_size=(400, 300))
     assert "![per-position acceptance](acceptance.png)" in bench.markdown(result, png.name)
-    assert_png(root / "benchmarks" / "results" / "cpu" / "acceptance.png", min_size=(400, 300))  # the recorded one
+    assert_png(ROOT / "benchmarks" / "results" / "cpu" / "acceptance.png", min_size=(400, 300))  # the recorded one
 
 
 def test_export_never_replaces_a_folder_another_command_wrote(tmp_path: Path):

@@ -51,7 +51,7 @@ def noise(part: dict) -> dict:
     runs = {n: r for n, r in part["runs"].items() if r.get("status") == "done"}
     if any("tok_s_rounds" not in e for r in runs.values() for e in r.get("by_concurrency", {}).values()):
         raise ValueError("rates without tok_s_rounds: the call predates interleaved rounds")
-    rows = []
+    rows, squares, dof = [], 0.0, 0  # the pooled SD's sums: (n - 1) s^2 and n - 1 over the rows
     for name, fork in runs.items():
         model, engine = name.split("/", 1)
         upstream = runs.get(f"{model}/upstream_{engine.removeprefix('fork_')}")
@@ -61,15 +61,16 @@ def noise(part: dict) -> dict:
         for c, f in fork["by_concurrency"].items():
             up_rates = upstream["by_concurrency"].get(c, {}).get("tok_s_rounds", [])
             logs = [math.log(a / b) for a, b in zip(f["tok_s_rounds"], up_rates, strict=False) if a and b]
+            variance = statistics.variance(logs) if len(logs) > 1 else None
+            if variance is not None:
+                squares, dof = squares + variance * (len(logs) - 1), dof + len(logs) - 1
             rows.append({
                 "model": model, "k": int(engine.removeprefix("fork_k")), "concurrency": int(c), "rounds": len(logs),
-                "log_ratio_sd": round(statistics.stdev(logs), 3) if len(logs) > 1 else None,
-                "variance_sum": statistics.variance(logs) * (len(logs) - 1) if len(logs) > 1 else 0.0,
+                "log_ratio_sd": None if variance is None else round(math.sqrt(variance), 3),
                 "r_fork_upstream": correlation(f["tok_s_rounds"], up_rates),
                 "engines": {e: engine_noise(at) for e, r in peers.items() if (at := r["by_concurrency"].get(c))},
             })
-    dof = sum(r["rounds"] - 1 for r in rows if r["rounds"] > 1)
-    pooled = round(math.sqrt(sum(r.pop("variance_sum") for r in rows) / dof), 3) if dof else None
+    pooled = round(math.sqrt(squares / dof), 3) if dof else None
     return {"command": part.get("command"), "date": part.get("date"), "device": part.get("device"), "rows": rows,
             "log_ratio_sd": pooled}
 
