@@ -50,7 +50,9 @@ Engine starts (torch.compile and CUDA-graph capture, a minute or more each, most
 one at a time while the others wait idle, in ``--rounds`` interleaved rounds (each concurrency keeps its fastest
 round and lists every round's rate in ``tok_s_rounds``). With ``--turns concurrency`` the engines take turns at
 each concurrency (fork, upstream and baseline rates at one c seconds apart, not a whole engine's turn apart);
-``--rewarm-tokens N`` shortens the warm-up batch of every measurement after a concurrency's first. The Kimi
+``--rewarm-tokens N`` shortens the warm-up batch of every measurement after a concurrency's first. ``--pin``
+holds each engine to its own whole physical cores (``--pin cores``: every engine to one thread of each core; see
+``kimi.bench.hardware.cpu_groups``). The Kimi
 slice's engines (about 107 GB each) always start one at a time. On a host with two GPUs, run one model per GPU
 (``CUDA_VISIBLE_DEVICES``) in two processes and join the results with ``--combine``.
 
@@ -141,12 +143,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--job-timeout-s", type=float, default=240)
     p.add_argument("--scratch", type=Path, default=Path("/tmp/perf_vs_upstream"))
     p.add_argument("--cpu-smoke", action="store_true")
-    p.add_argument("--chart-only", type=Path, metavar="JSON", help="redraw PNG and markdown from a result JSON")
-    p.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+    files = p.add_mutually_exclusive_group()  # what to do with earlier results instead of measuring: one of these
+    files.add_argument("--chart-only", type=Path, metavar="JSON", help="redraw PNG and markdown from a result JSON")
+    files.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                    help="merge the results of several calls (e.g. one per model) into --out")
-    p.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+    files.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
                    help="join calls of the same plan into --out: every call's per-round ratios pooled per row")
-    p.add_argument("--noise", type=Path, nargs="+", metavar="JSON",
+    files.add_argument("--noise", type=Path, nargs="+", metavar="JSON",
                    help="how noisy the rounds of these calls are (their own perf_vs_upstream.json files; "
                         "kimi.bench.perf.noise): perf_noise.md and .json under --out, a line per call and concurrency")
     p.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",

@@ -15,10 +15,14 @@ from kimi.e2e.engine import GreedyRun
 
 
 def test_omp_bind_splits_the_cpus_and_shares_them_when_short() -> None:
-    assert omp_bind(2, [0, 1]) == "0|1"
-    assert omp_bind(2, [4, 5, 6, 7]) == "4,5|6,7"
-    assert omp_bind(4, [0, 1]) == "0|1|0|1"  # TP 2 x PP 2 on two CPUs: each CPU serves two workers
-    assert omp_bind(3, [0, 1, 2, 3, 4]) == "0|1|2"
+    def single(*cpus: int) -> list[list[int]]:  # CPUs without SMT: each a core of its own
+        return [[cpu] for cpu in cpus]
+
+    assert omp_bind(2, single(0, 1)) == "0|1"
+    assert omp_bind(2, single(4, 5, 6, 7)) == "4,5|6,7"
+    assert omp_bind(4, single(0, 1)) == "0|1|0|1"  # TP 2 x PP 2 on two CPUs: each CPU serves two workers
+    assert omp_bind(3, single(0, 1, 2, 3, 4)) == "0|1|2"
+    assert omp_bind(2, [[0, 2], [1, 3]]) == "0,2|1,3"  # SMT siblings stay with one worker
 
 
 def test_bound_threads_keeps_a_binding_the_caller_set(monkeypatch: pytest.MonkeyPatch) -> None:

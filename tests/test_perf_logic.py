@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_benchmark
-from kimi.bench.hardware import cpu_groups
+from kimi.bench.hardware import cpu_cores, cpu_groups, cpu_list, thread_cpu
 from kimi.bench.perf import analysis, orchestrate
 from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
-from kimi.bench.perf.measure import measure, merge_round, turn_concurrency
+from kimi.bench.perf.measure import busy_threads, measure, merge_round, turn_concurrency
 from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
 from kimi.bench.perf.plan import plan, variant_env
 from kimi.bench.perf.render import write_outputs
@@ -337,8 +337,15 @@ def test_rounds_keep_the_fastest_and_every_rate() -> None:
     merge_round(by_c, "4", {"tok_s": 100.0, "tau": 2.0, "steps": {"target_ms": 1.0}, "steal_share": 0.05})
     merge_round(by_c, "4", {"tok_s": 130.0, "tau": 2.1, "steal_share": 0.0})
     merge_round(by_c, "4", {"tok_s": 90.0, "tau": 2.2, "steal_share": None})
+    merge_round(by_c, "4", {"tok_s": 95.0, "busy": [[3, 0.9]], "shared_core": False})
     assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steal_share": 0.0, "steps": {"target_ms": 1.0},
-                         "tok_s_rounds": [100.0, 130.0, 90.0], "steal_share_rounds": [0.05, 0.0, None]}
+                         "tok_s_rounds": [100.0, 130.0, 90.0, 95.0], "steal_share_rounds": [0.05, 0.0, None, None],
+                         "busy_rounds": [None, None, None, [[3, 0.9]]],
+                         "shared_core_rounds": [None, None, None, False]}
+    # a result from before a key was kept per round: its earlier rounds read None, the lists stay aligned
+    old = {"4": {"tok_s": 100.0, "tok_s_rounds": [100.0, 80.0], "steal_share_rounds": [0.0, 0.01]}}
+    merge_round(old, "4", {"tok_s": 90.0, "steal_share": 0.0, "shared_core": True})
+    assert old["4"]["shared_core_rounds"] == [None, None, True] and old["4"]["busy_rounds"] == [None, None, None]
 
 
 def test_steal_seconds_sum_the_steal_column_of_the_given_cpus(tmp_path: Path) -> None:
@@ -525,8 +532,12 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
         n: {"1": 2, "2": 2} for n in runs}
     steals = [x for r in runs.values() for e in r["by_concurrency"].values() for x in e["steal_share_rounds"]]
     assert len(steals) == 8
-    if Path("/proc/stat").is_file():  # Linux: every measurement has its stolen share
+    if Path("/proc/stat").is_file():  # Linux: every measurement has its stolen share and its busy threads
         assert all(x is not None and x >= 0 for x in steals), steals
+        for entry in (e for r in runs.values() for e in r["by_concurrency"].values()):
+            assert all(isinstance(x, list) for x in entry["busy_rounds"]), entry["busy_rounds"]
+            assert all(isinstance(x, bool) for x in entry["shared_core_rounds"]), entry["shared_core_rounds"]
+        assert all(r["cpus"] == sorted(os.sched_getaffinity(0)) and r["cpu_cores"] for r in runs.values())
     assert "round 2, turn 2 of 2, last" in run.stdout
 
 
@@ -588,16 +599,19 @@ def test_markdown_shows_the_median_interval_and_the_rounds(tmp_path: Path) -> No
 
 def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--noise: per row the SD of log(fork/upstream), r between fork and upstream, each engine's CV, largest stolen
-    share and r against the shares (rounds without one left out); the call's SD pooled within rows; the CLI writes
-    markdown and JSON and refuses what holds no rounds, a missing file and two files of one label."""
+    share and r against the shares (rounds without one left out), the rounds whose busy threads shared a core and r
+    against that; the call's SD pooled within rows; the CLI writes markdown and JSON and refuses what holds no
+    rounds, a missing file, two files of one label, and --noise beside --pool or --combine."""
     import math
     import statistics
 
     from kimi.bench.perf.noise import noise
 
-    def run(by_c: dict[str, list[float]], steal: list[float | None] | None = None) -> dict:
+    def run(by_c: dict[str, list[float]], steal: list[float | None] | None = None,
+            shared: list[bool | None] | None = None) -> dict:
         return {"status": "done", "by_concurrency": {
-            c: {"tok_s_rounds": rates, **({"steal_share_rounds": steal} if steal is not None else {})}
+            c: {"tok_s_rounds": rates, **({"steal_share_rounds": steal} if steal is not None else {}),
+                **({"shared_core_rounds": shared} if shared is not None else {})}
             for c, rates in by_c.items()}}
 
     fork, up = [100.0, 120.0, 90.0, 110.0], [100.0, 100.0, 100.0, 105.0]
@@ -605,7 +619,8 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
     part = {"command": "x", "date": "d", "device": "H200",
             "runs": {"pair/nospec": run({"4": [50.0, 60.0, 55.0, 40.0]}, [0.0, 0.1, None, 0.4]),
                      "pair/upstream_k3": run({"4": up, "16": up16}),
-                     "pair/fork_k3": run({"4": fork, "16": fork16}, [0.03, 0.01, 0.05, 0.02]),
+                     "pair/fork_k3": run({"4": fork, "16": fork16}, [0.03, 0.01, 0.05, 0.02],
+                                         [False, True, None, True]),
                      "pair/fork_v1_k3": run({"4": [1.0, 2.0, 3.0, 4.0]}), "pair/hookoff_k3": {"status": "error"}}}
     got = noise(part)
     row, row16 = got["rows"]
@@ -618,10 +633,12 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
     assert row["r_fork_upstream"] == round(statistics.correlation(fork, up), 2)
     assert row["engines"]["fork_k3"] == {"cv": round(statistics.stdev(fork) / statistics.mean(fork), 3),
                                          "steal_max": 0.05,
-                                         "r_steal": round(statistics.correlation(fork, [0.03, 0.01, 0.05, 0.02]), 2)}
+                                         "r_steal": round(statistics.correlation(fork, [0.03, 0.01, 0.05, 0.02]), 2),
+                                         "shared": "2/3",
+                                         "r_shared": round(statistics.correlation([100.0, 120.0, 110.0], [0, 1, 1]), 2)}
     assert row["engines"]["nospec"]["r_steal"] == round(statistics.correlation([50.0, 60.0, 40.0], [0.0, 0.1, 0.4]), 2)
     assert row["engines"]["upstream_k3"] == {"cv": row["engines"]["upstream_k3"]["cv"], "steal_max": None,
-                                             "r_steal": None}
+                                             "r_steal": None, "shared": None, "r_shared": None}
     assert set(row["engines"]) == {"nospec", "upstream_k3", "fork_k3", "fork_v1_k3"}
 
     bench = load_benchmark("perf_vs_upstream")
@@ -631,6 +648,8 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
     assert bench.main(["--noise", str(call), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "perf_noise.md").read_text()
     assert f"| a/call1 | pair | 3 | 4 | 4 | {row['log_ratio_sd']} |" in text and "upstream_k3 -" in text
+    assert "| nospec -, upstream_k3 -, fork_k3 2/3, fork_v1_k3 - |" in text  # the shared-core column
+    assert f"| a/call1 | all | | | | {got['log_ratio_sd']} | | | | | | |" in text  # as many cells as the header
     assert json.loads((tmp_path / "out" / "perf_noise.json").read_text())["a/call1"] == got
     (tmp_path / "b" / "a").mkdir(parents=True)
     (tmp_path / "b" / "a" / "call1.json").write_text(json.dumps(part))
@@ -645,6 +664,10 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
         with pytest.raises(SystemExit) as stop:
             bench.main(["--noise", *argv, "--out", str(tmp_path / "out2")])
         assert stop.value.code == 2 and message in capsys.readouterr().err, argv
+    for other in ("--pool", "--combine"):  # one of the result-file modes, not the first silently
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--noise", str(call), other, str(call), "--out", str(tmp_path / "out2")])
+        assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err, other
     assert not (tmp_path / "out2").exists()
 
 
@@ -802,11 +825,70 @@ def test_later_measurements_of_a_concurrency_warm_up_with_rewarm_tokens(monkeypa
 
 
 def test_cpu_groups_split_in_order_and_share_when_short() -> None:
-    assert cpu_groups(2, [3, 2, 1, 0]) == [[0, 1], [2, 3]]
-    assert cpu_groups(2, list(range(5))) == [[0, 1], [2, 3]]  # the remainder is left out, groups stay equal
-    assert cpu_groups(3, [0, 1]) == [[0], [1], [0]]
-    with pytest.raises(ValueError):
-        cpu_groups(0, [0, 1])
+    def single(*cpus: int) -> list[list[int]]:  # CPUs without SMT: each a core of its own
+        return [[cpu] for cpu in cpus]
+
+    assert cpu_groups(2, single(3, 2, 1, 0)) == [[0, 1], [2, 3]]
+    assert cpu_groups(2, single(*range(5))) == [[0, 1], [2, 3]]  # the remainder is left out, groups stay equal
+    assert cpu_groups(3, single(0, 1)) == [[0], [1], [0]]
+    for bad in ({"workers": 0}, {"workers": 2, "mode": "threads"}):
+        with pytest.raises(ValueError):
+            cpu_groups(cores=single(0, 1), **bad)
+
+
+def test_cpu_groups_keep_smt_siblings_together_or_use_one_thread_per_core() -> None:
+    """16 CPUs as 8 cores of two threads (Linux numbers siblings i and i + 8 on many x86 hosts): shares give each
+    engine whole cores, never a sibling of another engine's CPU (the old contiguous split gave [0-4], [5-9], ...
+    whose CPUs 0 and 8 share a core); ``cores`` gives every engine one thread of each core."""
+    cores = [[i, i + 8] for i in range(8)]
+    groups = cpu_groups(3, cores)
+    assert groups == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13]]
+    core_of = {cpu: i for i, core in enumerate(cores) for cpu in core}
+    assert len({core_of[cpu] for group in groups for cpu in group}) == 6  # no core in two groups
+    assert cpu_groups(3, cores, mode="cores") == [list(range(8))] * 3
+    # fewer cores than engines: the CPUs are split (siblings apart: nothing better is left)
+    assert cpu_groups(3, [[0, 2], [1, 3]]) == [[0], [1], [2]]
+
+
+def test_cpu_cores_read_the_thread_siblings_lists(tmp_path: Path) -> None:
+    for cpu, siblings in {0: "0,4", 1: "1,5", 4: "0,4", 5: "1,5", 6: "2-3,6\n"}.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings)
+    assert cpu_list("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+    # siblings outside the CPUs asked for are left out; a CPU without a list (7) is a core of its own
+    assert cpu_cores([0, 1, 4, 5, 6, 7], tmp_path) == [[0, 4], [1, 5], [6], [7]]
+    assert cpu_cores([5, 0], tmp_path) == [[0], [5]]
+    assert sorted(cpu for core in cpu_cores() for cpu in core) == sorted(os.sched_getaffinity(0))  # this machine
+
+
+def test_thread_cpu_follows_the_child_processes(tmp_path: Path) -> None:
+    """thread_cpu: this process's threads and its children's (the engine core runs in one), with their CPU time."""
+    burn = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+            "print('done', flush=True)\ntime.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "done\n"
+        seen = thread_cpu()
+        assert os.getpid() in seen and child.pid in seen  # a main thread's id is its process's
+        used, cpu = seen[child.pid]
+        assert used >= 0.4 and cpu in os.sched_getaffinity(0)
+        assert thread_cpu(os.getpid(), proc=tmp_path) == {}  # no /proc there: nothing
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_busy_threads_say_when_two_share_a_core() -> None:
+    """Two threads busy for most of 2 s on CPUs 0 and 8 (SMT siblings): shared; on 0 and 1: not; an idle thread
+    (under a fifth of a CPU) never counts; no readings: unknown."""
+    cores = [[i, i + 8] for i in range(8)]
+    before = {10: (1.0, 0), 11: (5.0, 3), 12: (0.0, 8)}
+    assert busy_threads(before, {10: (2.8, 0), 11: (5.1, 8), 12: (1.6, 8)}, 2.0, cores) == {
+        "busy": [[0, 0.9], [8, 0.8]], "shared_core": True}
+    assert busy_threads(before, {10: (2.8, 0), 11: (5.1, 8), 12: (1.6, 1)}, 2.0, cores)["shared_core"] is False
+    assert busy_threads(before, {10: (2.8, 0), 13: (9.0, 0)}, 2.0, cores) == {"busy": [[0, 0.9]],
+                                                                               "shared_core": False}
+    assert busy_threads({}, {10: (2.8, 0)}, 2.0, cores) == {"busy": None, "shared_core": None}
 
 
 def test_a_pinned_worker_runs_on_its_cpus_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -850,8 +932,13 @@ def test_parallel_start_with_pin_gives_each_engine_its_own_cpus(tmp_path: Path,
             return {"status": "error", "seconds": 0.0}
 
     monkeypatch.setattr(orchestrate, "Worker", FakeWorker)
-    monkeypatch.setattr(orchestrate, "cpu_groups", lambda n: cpu_groups(n, list(range(16))))
+    smt = [[i, i + 8] for i in range(8)]  # 8 cores of two threads
+    monkeypatch.setattr(orchestrate, "cpu_groups", lambda n, mode: cpu_groups(n, smt, mode))
     jobs = [{"name": "pair/fork_k3"}, {"name": "pair/upstream_k3"}]
-    run_parallel(argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=1, pin=True, turns="engine"), jobs,
-                 time.monotonic() + 600, {}, lambda job: None)
-    assert given == {"pair/fork_k3": list(range(8)), "pair/upstream_k3": list(range(8, 16))}
+    for pin, expected in (("shares", [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]),
+                          ("cores", [list(range(8))] * 2)):
+        run_parallel(argparse.Namespace(job_timeout_s=0.5, scratch=tmp_path, rounds=1, pin=pin, turns="engine"),
+                     jobs, time.monotonic() + 600, {}, lambda job: None)
+        assert list(given.values()) == expected, pin
+    args = load_benchmark("perf_vs_upstream").parser().parse_args
+    assert (args(["--pin"]).pin, args(["--pin", "cores"]).pin, args([]).pin) == ("shares", "cores", None)

@@ -1,4 +1,5 @@
-"""What a result file says about the machine: the device (GPU or CPU), torch, CUDA and Python versions."""
+"""What a result file says about the machine: the device (GPU or CPU), torch, CUDA and Python versions; the CPUs' cores,
+stolen time and where a process's threads run."""
 
 from __future__ import annotations
 
@@ -19,16 +20,52 @@ def cpu_name() -> str:
     return f"{names[0] if names else platform.machine()}, {cores} cores"
 
 
-def cpu_groups(workers: int, cpus: list[int] | None = None) -> list[list[int]]:
-    """``cpus`` (default the CPUs this process may use) split into ``workers`` contiguous groups of equal size,
-    in CPU order (the remainder left out); with fewer CPUs than workers, one CPU each, shared in turn.
+def cpu_list(text: str) -> list[int]:
+    """The CPUs of a kernel CPU list (``"0-3,8,10-11"``, cpuset(7)'s list format), in order."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            low, _, high = part.partition("-")
+            cpus += range(int(low), int(high or low) + 1)
+    return cpus
+
+
+def cpu_cores(cpus: list[int] | None = None, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """``cpus`` (default: the CPUs this process may use) grouped by physical core: per CPU, the ones of its
+    ``cpuN/topology/thread_siblings_list`` among ``cpus`` (SMT siblings), cores ordered by their lowest CPU. A CPU
+    whose list cannot be read is a core of its own (no SMT known)."""
+    wanted = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    cores: dict[int, list[int]] = {}
+    for cpu in wanted:
+        try:
+            siblings = cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
+        except (OSError, ValueError):
+            siblings = [cpu]
+        core = sorted(set(siblings) & set(wanted) | {cpu})
+        cores.setdefault(core[0], core)
+    return [cores[first] for first in sorted(cores)]
+
+
+def cpu_groups(workers: int, cores: list[list[int]] | None = None, mode: str = "shares") -> list[list[int]]:
+    """CPUs for ``workers`` processes from ``cores`` (the CPUs grouped by physical core; default
+    :func:`cpu_cores`), cores in order of their lowest CPU. ``mode`` ``shares``: each worker its own contiguous run
+    of whole cores, all groups of one size (the remainder left out), so no two workers share a core; with fewer
+    cores than workers the CPUs are split instead, and with fewer CPUs than workers each gets one CPU, shared in
+    turn. ``cores``: every worker the same CPUs, the first thread of every core -- for workers that run one at a
+    time, whose busy threads then never share a core.
 
     Raises:
-        ValueError: ``workers`` < 1 or no CPU.
+        ValueError: ``workers`` < 1, no CPU, or an unknown ``mode``.
     """
-    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
-    if workers < 1 or not cpus:
-        raise ValueError(f"cpu_groups: {workers} workers over CPUs {cpus}")
+    cores = sorted(sorted(core) for core in (cores if cores is not None else cpu_cores()) if core)
+    cpus = sorted(cpu for core in cores for cpu in core)
+    if workers < 1 or not cpus or mode not in ("shares", "cores"):
+        raise ValueError(f"cpu_groups: {workers} workers over cores {cores}, mode {mode!r}")
+    if mode == "cores":
+        return [[core[0] for core in cores] for _ in range(workers)]
+    if len(cores) >= workers:
+        size = len(cores) // workers
+        return [sorted(cpu for core in cores[i * size:(i + 1) * size] for cpu in core) for i in range(workers)]
     if len(cpus) < workers:
         return [[cpus[i % len(cpus)]] for i in range(workers)]
     size = len(cpus) // workers
@@ -53,6 +90,38 @@ def steal_seconds(cpus: list[int] | None = None, stat: Path = Path("/proc/stat")
                 return None
             ticks, found = ticks + int(values[7]), found + 1
     return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+def _stat_fields(path: Path) -> list[str] | None:
+    """The fields of a proc(5) ``stat`` file after the command name (which may hold spaces and parentheses):
+    ``[0]`` is field 3 (state); None where it cannot be read (the task ended)."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def thread_cpu(root: int | None = None, proc: Path = Path("/proc")) -> dict[int, tuple[float, int]]:
+    """Every thread of process ``root`` (default: this one) and of its descendants: thread id -> (CPU seconds it
+    has used, user and system; the CPU it last ran on), from ``/proc/<pid>/task/<tid>/stat`` (proc(5): fields 14
+    utime, 15 stime in ``USER_HZ`` ticks, 39 processor). Threads and processes that end while it reads are left out;
+    {} without ``proc``."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for entry in proc.glob("[0-9]*"):
+        fields = _stat_fields(entry / "stat")
+        if fields and entry.name.isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tick = os.sysconf("SC_CLK_TCK")
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        for task in (proc / str(pid) / "task").glob("[0-9]*"):
+            fields = _stat_fields(task / "stat")
+            if fields and len(fields) > 36 and task.name.isdigit():
+                out[int(task.name)] = ((int(fields[11]) + int(fields[12])) / tick, int(fields[36]))
+    return out
 
 
 def device() -> dict:

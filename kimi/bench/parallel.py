@@ -45,12 +45,13 @@ REFUSED = "EAGLE-3 with pipeline_parallel_size="
 RAY_ON_CPU = "current platform cpu does not support ray"
 
 
-def omp_bind(workers: int, cpus: list[int] | None = None) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` CPU workers on one host: the CPUs this process may use
-    (``cpus``, default its affinity), split into ``workers`` contiguous groups joined by ``|`` (``"0|1"`` for two
-    workers on CPUs 0 and 1); with fewer CPUs than workers, one CPU each, shared in turn (``"0|1|0|1"``). vLLM's
+def omp_bind(workers: int, cores: list[list[int]] | None = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` CPU workers on one host: the CPUs this process may use,
+    grouped by physical core (``cores``, default :func:`kimi.bench.hardware.cpu_cores`), split into ``workers``
+    contiguous runs of whole cores joined by ``|`` (``"0|1"`` for two workers on CPUs 0 and 1); with fewer cores
+    than workers the CPUs are split, and with fewer CPUs one CPU each, shared in turn (``"0|1|0|1"``). vLLM's
     automatic binding wants a NUMA node per worker, which small hosts lack."""
-    return "|".join(",".join(str(c) for c in group) for group in cpu_groups(workers, cpus))
+    return "|".join(",".join(str(c) for c in group) for group in cpu_groups(workers, cores))
 
 
 @contextmanager

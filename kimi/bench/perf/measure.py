@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import device, steal_seconds
+from kimi.bench.hardware import cpu_cores, device, steal_seconds, thread_cpu
 from kimi.bench.perf import log
 from kimi.bench.results import write_lines
 from kimi.bench.timers import collect_timer, install_timer, step_times
@@ -48,6 +48,7 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     result.update({"vllm_version": vllm.__version__, "vllm_file": vllm.__file__,
                    "start_s": round(time.monotonic() - t0, 1), "engine": engine_info(llm), "device": device(),
                    "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"), "runner": "v2" if v2 else "v1",
+                   "cpus": sorted(os.sched_getaffinity(0)), "cpu_cores": cpu_cores(),
                    "by_concurrency": {}})
     turn = Path(job["turn"]) if job.get("turn") else None
     try:
@@ -134,23 +135,24 @@ def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
 
 def measure(llm, job: dict, c: int, first: bool) -> dict:
     """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
-    counters over them and the share of this engine's CPU time the hypervisor took meanwhile (``steal_share``,
-    :func:`steal_share`). The ``first`` measurement of ``c`` warms up with a
-    full-length batch (lazily compiled kernels, every batch shape it meets) and adds a shorter batch under the step
-    timer (:mod:`kimi.bench.timers`); a later one warms up with ``job["rewarm_tokens"]`` output tokens (default: the
-    full length) -- the shapes are known by then, the warm-up only wakes the engine."""
+    counters over them, the share of this engine's CPU time the hypervisor took meanwhile (``steal_share``,
+    :func:`steal_share`) and where its busy threads ran (``busy``, ``shared_core``: :func:`busy_threads`). The
+    ``first`` measurement of ``c`` warms up with a full-length batch (lazily compiled kernels, every batch shape it
+    meets) and adds a shorter batch under the step timer (:mod:`kimi.bench.timers`); a later one warms up with
+    ``job["rewarm_tokens"]`` output tokens (default: the full length) -- the shapes are known by then, the warm-up
+    only wakes the engine."""
     from vllm import SamplingParams
 
     tokens = job["tokens"]
     batch, params = batch_of(job, c)
     llm.generate(*batch_of(job, c, None if first else job.get("rewarm_tokens")), use_tqdm=False)
-    before, stolen = spec_metrics(llm.get_metrics()), steal_seconds()
+    before, stolen, threads = spec_metrics(llm.get_metrics()), steal_seconds(), thread_cpu()
     walls = []
     for _ in range(job["reps"]):
         t1 = time.perf_counter()
         outputs = llm.generate(batch, params, use_tqdm=False)
         walls.append(time.perf_counter() - t1)
-    after, stolen_after = spec_metrics(llm.get_metrics()), steal_seconds()
+    threads_after, after, stolen_after = thread_cpu(), spec_metrics(llm.get_metrics()), steal_seconds()
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
@@ -158,6 +160,7 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
     entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
              "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
              "steal_share": steal_share(stolen, stolen_after, sum(walls)),
+             **busy_threads(threads, threads_after, sum(walls), cpu_cores()),
              "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
     if first:
         llm.collective_rpc(install_timer)
@@ -179,14 +182,37 @@ def steal_share(before: float | None, after: float | None, seconds: float) -> fl
     return round((after - before) / (seconds * len(os.sched_getaffinity(0))), 4)
 
 
+BUSY_SHARE = 0.2
+"""A thread that used at least this share of one CPU over the timed batches counts as busy (:func:`busy_threads`)."""
+
+
+def busy_threads(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]], seconds: float,
+                 cores: list[list[int]]) -> dict:
+    """Where the engine's busy threads ran over ``seconds`` of timed batches, from two
+    :func:`kimi.bench.hardware.thread_cpu` readings of this process and its descendants (the engine core):
+    ``busy``, ``[cpu, share]`` per thread that used at least :data:`BUSY_SHARE` of a CPU (the CPU it ran on last,
+    at the end; its CPU seconds over ``seconds``, rounded to 0.01), busiest first; ``shared_core``, whether two of
+    them ended on one physical core of ``cores`` (SMT siblings, or the same CPU); None without readings."""
+    if not before or not after or seconds <= 0:
+        return {"busy": None, "shared_core": None}
+    core_of = {cpu: i for i, core in enumerate(cores) for cpu in core}
+    busy = sorted(([cpu, round((used - before[tid][0]) / seconds, 2)] for tid, (used, cpu) in after.items()
+                   if tid in before and (used - before[tid][0]) / seconds >= BUSY_SHARE),
+                  key=lambda entry: -entry[1])
+    places = [core_of.get(cpu, ("cpu", cpu)) for cpu, _ in busy]
+    return {"busy": busy, "shared_core": len(set(places)) < len(places)}
+
+
+ROUND_KEYS = ("tok_s", "steal_share", "busy", "shared_core")
+"""The per-measurement values :func:`merge_round` keeps for every round (as ``<key>_rounds``)."""
+
+
 def merge_round(by_c: dict, c: str, entry: dict) -> None:
     """Fold one round's ``entry`` for concurrency ``c`` into ``by_c``: the fastest round's numbers, every round's
-    tok/s in ``tok_s_rounds`` and stolen CPU share in ``steal_share_rounds``, the step times of the first round."""
-    prev = by_c.get(c)
-    if prev is None:
-        by_c[c] = {**entry, "tok_s_rounds": [entry["tok_s"]], "steal_share_rounds": [entry.get("steal_share")]}
-        return
-    best = entry if entry["tok_s"] > prev["tok_s"] else prev
+    values of :data:`ROUND_KEYS` in ``<key>_rounds`` (``tok_s_rounds``, ``steal_share_rounds``, ...; None where a
+    round lacks one), the step times of the first round."""
+    prev = by_c.get(c, {})
+    best = entry if entry["tok_s"] > prev.get("tok_s", -1.0) else prev
     by_c[c] = {**best, "steps": prev.get("steps", entry.get("steps", {})),
-               "tok_s_rounds": [*prev["tok_s_rounds"], entry["tok_s"]],
-               "steal_share_rounds": [*prev.get("steal_share_rounds", []), entry.get("steal_share")]}
+               **{f"{key}_rounds": [*prev.get(f"{key}_rounds", [None] * len(prev.get("tok_s_rounds", []))),
+                                    entry.get(key)] for key in ROUND_KEYS}}

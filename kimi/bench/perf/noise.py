@@ -1,7 +1,8 @@
 """How noisy a perf_vs_upstream call's rounds are (``benchmarks/perf_vs_upstream.py --noise``): per model, k and
 concurrency the spread of log(fork / upstream) over the rounds, whether the fork's and upstream's rates move
-together, each engine's coefficient of variation, and how much of its CPU time the hypervisor took
-(``steal_share_rounds``, absent from older calls) and whether its rates follow that."""
+together, each engine's coefficient of variation, how much of its CPU time the hypervisor took
+(``steal_share_rounds``) and whether its busy threads shared a physical core (``shared_core_rounds``; both absent
+from older calls), and whether its rates follow those."""
 
 from __future__ import annotations
 
@@ -28,10 +29,16 @@ def cv(rates: list[float]) -> float | None:
 
 def engine_noise(entry: dict) -> dict:
     """One engine at one concurrency: ``cv`` of its rates, ``steal_max`` (the largest share of its CPU time the
-    hypervisor took in a round; None where not recorded) and ``r_steal`` (its rates against those shares)."""
+    hypervisor took in a round; None where not recorded), ``r_steal`` (its rates against those shares),
+    ``shared`` (``"k/n"``: in k of the n rounds that recorded it, two of its busy threads ended on one physical
+    core; None where none did) and ``r_shared`` (its rates against that, as 0 or 1)."""
     shares = [x for x in entry.get("steal_share_rounds", []) if x is not None]
+    shared = [None if x is None else int(x) for x in entry.get("shared_core_rounds", [])]
+    known = [x for x in shared if x is not None]
     return {"cv": cv(entry["tok_s_rounds"]), "steal_max": max(shares) if shares else None,
-            "r_steal": correlation(entry["tok_s_rounds"], entry.get("steal_share_rounds", []))}
+            "r_steal": correlation(entry["tok_s_rounds"], entry.get("steal_share_rounds", [])),
+            "shared": f"{sum(known)}/{len(known)}" if known else None,
+            "r_shared": correlation(entry["tok_s_rounds"], shared)}
 
 
 def noise(part: dict) -> dict:
@@ -88,16 +95,19 @@ def markdown(calls: list[tuple[str, dict]]) -> list[str]:
              ("SD: standard deviation of log(fork/upstream) over the rounds (the call's line: pooled within rows); "
               "r: Pearson's r; CV: an engine's rate's standard deviation over its mean; steal: the largest share of "
               "an engine's CPU time the hypervisor took in one round, r(steal): its rates against those shares; "
+              "shared core: in how many rounds two of an engine's busy threads (a fifth of a CPU or more) ended on "
+              "one physical core, r(shared): its rates against that (0 or 1); "
               "-: not known (not recorded, too few rounds, or a constant side)."), "",
              ("| call | model | k | c | rounds | SD | r(fork, upstream) | CV per engine | steal per engine "
-              "| r(steal) per engine |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+              "| r(steal) per engine | shared core per engine | r(shared) per engine |"),
+             "|---" * 12 + "|"]
     for label, result in calls:
         for row in result["rows"]:
             engines = row["engines"]
             lines.append(f"| {label} | {row['model']} | {row['k']} | {row['concurrency']} | {row['rounds']} "
                          f"| {shown(row['log_ratio_sd'])} | {shown(row['r_fork_upstream'])} "
                          f"| {per_engine(engines, 'cv')} | {per_engine(engines, 'steal_max')} "
-                         f"| {per_engine(engines, 'r_steal')} |")
-        lines.append(f"| {label} | all | | | | {shown(result['log_ratio_sd'])} | | | | |")
+                         f"| {per_engine(engines, 'r_steal')} | {per_engine(engines, 'shared')} "
+                         f"| {per_engine(engines, 'r_shared')} |")
+        lines.append(f"| {label} | all | | | | {shown(result['log_ratio_sd'])} |" + " |" * 6)
     return lines

@@ -128,12 +128,13 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
     others waiting idle, for ``--rounds`` rounds of turns (``--turns``; the engine order is reversed every other
     turn of a round and every other round, so a drift of the host touches every engine alike; each concurrency
     keeps its fastest round; see :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine
-    processes) runs on its own contiguous share of the CPUs (:func:`kimi.bench.hardware.cpu_groups`). Engines not
-    collected when it ends (an error, an interrupt) are killed."""
-    groups = cpu_groups(len(jobs)) if args.pin else [None] * len(jobs)
+    processes) is held to CPUs of :func:`kimi.bench.hardware.cpu_groups` in the mode ``--pin`` names (``shares``:
+    its own whole cores; ``cores``: one thread of every core, the same for all). Engines not collected when it
+    ends (an error, an interrupt) are killed."""
+    groups = cpu_groups(len(jobs), mode=args.pin) if args.pin else [None] * len(jobs)
     threads = max(1, len(os.sched_getaffinity(0)) // len(jobs))  # the CPUs this process may use (taskset)
     log(f"starting {len(jobs)} engines at once ({threads} inductor compile threads each"
-        + (f"; pinned to CPUs {groups}" if args.pin else "") + ")")
+        + (f"; pinned ({args.pin}) to CPUs {groups}" if args.pin else "") + ")")
     workers = {job["name"]: Worker(args, job, args.scratch, parallel=True, threads=threads, cpus=cpus)
                for job, cpus in zip(jobs, groups, strict=True)}
     began = time.monotonic()

@@ -35,8 +35,10 @@ def add_side_by_side_options(p: argparse.ArgumentParser, results: Path, pair_hel
 def add_turn_options(p: argparse.ArgumentParser, when: str) -> None:
     """The options of measuring engines started side by side in turns (:mod:`kimi.bench.perf.orchestrate`);
     ``when`` says in the help when they act (e.g. ``with --parallel-start``). Checked by :func:`turn_errors`."""
-    p.add_argument("--pin", action="store_true",
-                   help=f"{when}: each engine held to its own share of the CPUs (taskset-like)")
+    p.add_argument("--pin", nargs="?", const="shares", choices=["shares", "cores"],
+                   help=f"{when}: each engine (its processes) held to CPUs, taskset-like: its own whole physical "
+                        "cores (shares, the default), or one thread of every core, the same CPUs for all engines, "
+                        "which measure one at a time (cores: no two busy threads share a core's SMT siblings)")
     p.add_argument("--turns", choices=["engine", "concurrency"], default="engine",
                    help=f"{when}: what one engine measures at its turn: every concurrency (engine) or one, the "
                         "engines taking turns at each concurrency before the next (concurrency: the rates compared "

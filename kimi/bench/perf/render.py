@@ -11,6 +11,10 @@ from kimi.bench.perf.plan import HELD_RUNNERS
 from kimi.bench.results import header, write_json, write_lines
 from kimi.train.charts import pyplot, save_png
 
+#: The settings line's words for each ``--pin`` (``pinned``: None or False unpinned; True in calls before the modes,
+#: which gave each engine its own CPUs as ``shares`` does).
+PINNED = {None: "", False: "", "cores": "; every engine pinned to one thread of each core (they measure in turns)"}
+
 
 def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     """Write ``summary``'s JSON and markdown to ``out`` (atomically), and with ``chart`` its PNG."""
@@ -25,7 +29,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
               f"fork greedy drafts: KIMI_DRAFT_GREEDY={settings['fork_greedy']}"),
              (f"- output tokens per request: {settings['tokens']} (pair), {settings.get('slice_tokens')} "
               f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"
-              + ("; each engine pinned to its own CPUs" if settings.get("pinned") else "")),
+              + PINNED.get(settings.get("pinned"), "; each engine pinned to its own CPUs")),
              (f"- goals: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16 (issue G, against 0.26.0); "
               f"median of the per-round fork/upstream >= {GOAL_MEDIAN} at every c on the pair at k = 3 and no round "
               f"below {GOAL_FLOOR} (issue I): {summary['goal']}"), "",
