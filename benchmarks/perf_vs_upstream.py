@@ -52,7 +52,8 @@ round and lists every round's rate in ``tok_s_rounds``). With ``--turns concurre
 each concurrency (fork, upstream and baseline rates at one c seconds apart, not a whole engine's turn apart);
 ``--rewarm-tokens N`` shortens the warm-up batch of every measurement after a concurrency's first. ``--pin``
 holds each engine to its own whole physical cores (``--pin cores``: every engine to one thread of each core; see
-``kimi.bench.hardware.cpu_groups``). The Kimi
+``kimi.bench.hardware.cpu_groups``); ``--gpu-clocks`` samples the GPU's clocks meanwhile
+(``kimi.bench.hardware.gpu_clocks``). The Kimi
 slice's engines (about 107 GB each) always start one at a time. On a host with two GPUs, run one model per GPU
 (``CUDA_VISIBLE_DEVICES``) in two processes and join the results with ``--combine``.
 
@@ -80,10 +81,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
+from kimi.bench.hardware import gpu_clocks
 from kimi.bench.perf import log, measure
 from kimi.bench.perf.analysis import combine, pool, summarize
 from kimi.bench.perf.noise import markdown, noise
@@ -126,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2,
                    help="with --parallel-start: measure every engine this many times, interleaved")
     add_turn_options(p, "with --parallel-start")
+    p.add_argument("--gpu-clocks", action="store_true",
+                   help="sample each GPU's SM and memory clocks, power, temperature and utilization every second "
+                        "while the engines run, into gpu-clocks.csv under --out (nvidia-smi, stopped at the end)")
     p.add_argument("--no-chart", dest="chart", action="store_false", help="no PNG (draw it after --combine)")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--slice-tokens", type=int, default=64, help="output tokens per request on the Kimi slice")
@@ -211,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = turn_errors(args, args.parallel_start)
     if bad:
         cli.error("; ".join(bad))
+    if args.gpu_clocks and shutil.which("nvidia-smi") is None:
+        cli.error("--gpu-clocks samples with nvidia-smi, which is not on PATH: leave --gpu-clocks out here")
     if args.cpu_smoke:
         args.upstream_site = args.upstream_site or args.fork_site
     bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         jobs = [{**job, "profile_dir": str(args.out / "profiles")} for job in jobs]
     log(f"{len(jobs)} engines, budget {args.budget_s:.0f} s: {', '.join(j['name'] for j in jobs)}")
-    runs = run_all(args, jobs, started)
+    with gpu_clocks(args.out / "gpu-clocks.csv" if args.gpu_clocks else None):
+        runs = run_all(args, jobs, started)
     summary = summarize(args, jobs, runs, started)
     write_outputs(args.out, summary, chart=args.chart)
     mismatch = [v for n, v in summary["versions"].items() if ("+kimi." in (v or "")) != (n == "fork")]

@@ -942,3 +942,45 @@ def test_parallel_start_with_pin_gives_each_engine_its_own_cpus(tmp_path: Path,
         assert list(given.values()) == expected, pin
     args = load_benchmark("perf_vs_upstream").parser().parse_args
     assert (args(["--pin"]).pin, args(["--pin", "cores"]).pin, args([]).pin) == ("shares", "cores", None)
+
+
+def test_gpu_clocks_sample_while_the_block_runs_and_stop_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """--gpu-clocks: a stand-in nvidia-smi writes its arguments and pid, then a line a tick until stopped; it is
+    stopped when the block ends, also by an error (no `pkill -f` in the device command); without nvidia-smi the
+    CLI refuses before anything starts."""
+    import time
+
+    from kimi.bench.hardware import GPU_CLOCK_FIELDS, gpu_clocks
+
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\nout=\"$6\"\necho \"$* pid $$\" > \"$out\"\n"
+                    "while true; do echo 1980 >> \"$out\"; sleep 0.05; done\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    csv = tmp_path / "out" / "gpu-clocks.csv"
+    with pytest.raises(RuntimeError), gpu_clocks(csv):
+        deadline = time.monotonic() + 10
+        while (not csv.exists() or csv.read_text().count("1980") < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert csv.read_text().count("1980") >= 2  # sampling while the block runs
+        raise RuntimeError("an engine failed")
+    head = csv.read_text().splitlines()[0]
+    assert head.startswith(f"--query-gpu={GPU_CLOCK_FIELDS} --format=csv -l 1 -f {csv}")
+    pid = int(head.rsplit(" ", 1)[1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped and reaped
+    size = csv.stat().st_size
+    time.sleep(0.2)
+    assert csv.stat().st_size == size
+    with gpu_clocks(None):  # off: nothing started, nothing written
+        pass
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="nvidia-smi"), gpu_clocks(csv):
+        pass
+    bench = load_benchmark("perf_vs_upstream")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--gpu-clocks", "--cpu-smoke", "--out", str(tmp_path / "never")])
+    assert stop.value.code == 2 and "nvidia-smi, which is not on PATH" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()

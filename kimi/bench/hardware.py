@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -122,6 +126,39 @@ def thread_cpu(root: int | None = None, proc: Path = Path("/proc")) -> dict[int,
             if fields and len(fields) > 36 and task.name.isdigit():
                 out[int(task.name)] = ((int(fields[11]) + int(fields[12])) / tick, int(fields[36]))
     return out
+
+
+#: What :func:`gpu_clocks` samples every second (``nvidia-smi --help-query-gpu`` names them).
+GPU_CLOCK_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu"
+
+
+@contextmanager
+def gpu_clocks(path: Path | None, tool: str = "nvidia-smi") -> Iterator[None]:
+    """While the block runs, ``tool`` writes :data:`GPU_CLOCK_FIELDS` of every GPU once a second to ``path`` (CSV
+    with a header); it is stopped when the block ends, however it ends (the process is this one's child: nothing
+    matches command lines). Nothing with ``path`` None.
+
+    Raises:
+        FileNotFoundError: ``tool`` is not on ``PATH`` (checked before the block runs).
+    """
+    if path is None:
+        yield
+        return
+    found = shutil.which(tool)
+    if found is None:
+        raise FileNotFoundError(f"{tool} is not on PATH")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([found, f"--query-gpu={GPU_CLOCK_FIELDS}", "--format=csv", "-l", "1", "-f", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def device() -> dict:
