@@ -159,11 +159,19 @@ def test_serve_rows_go_through_vllm_serve_and_compare_with_one_rank_in_process(m
 
 
 def test_the_local_ray_cluster_declares_the_cpus_of_the_largest_layouts_bundles(monkeypatch) -> None:
-    """TP 2 x PP 2 on two CPUs binds "0|1|0|1": four one-CPU bundles, so Ray must declare four CPUs."""
+    """TP 2 x PP 2 on two CPUs binds "0|1|0|1": four one-CPU bundles, so Ray must declare four CPUs; where cores
+    differ in threads, every bundle is as large as the largest group."""
+    from kimi.bench import hardware
+
+    cores = {"now": None}
+    monkeypatch.setattr(hardware, "cpu_cores", lambda: cores["now"] or [[c] for c in sorted(os.sched_getaffinity(0))])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert parallel.ray_cpus(((2, 1),)) == 2 and parallel.ray_cpus(((2, 1), (2, 2))) == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert parallel.ray_cpus(((2, 2),)) == 16  # four groups of four
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 9})
+    cores["now"] = [[0, 8], [1, 9], [2], [3]]  # two cores with SMT, two without
+    assert parallel.omp_bind(2) == "0,1,8,9|2,3" and parallel.ray_cpus(((2, 1),)) == 8  # two bundles of four
 
 
 def test_a_failed_start_up_is_reported_by_its_root_cause_and_ray_on_cpu_as_unsupported() -> None:

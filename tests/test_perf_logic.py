@@ -545,6 +545,7 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
     """--pool: the per-round ratios of two calls in one list per row (median, spread and goal recomputed), the
     rest of the row from the first call; results of another device are refused."""
     from kimi.bench.perf.analysis import pool
+    from kimi.bench.perf.render import pinned_words
 
     def part(rounds: list[float], hookoff: list[float], device: str = "H200") -> dict:
         row = {"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": max(rounds), "fork_tok_s": 10.0,
@@ -553,7 +554,8 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
         return {"device": device, "versions": {"fork": "0.32.0+kimi.1"}, "command": f"call {rounds}",
                 "date": "2026-12-01T00:00:00+00:00", "seconds": 1.0, "rows": [row],
                 "settings": {"concurrency": [4], "tokens": 256, "ks": [3], "reps": len(rounds),
-                             "turns": "concurrency" if len(rounds) > 2 else None}}
+                             "turns": "concurrency" if len(rounds) > 2 else None,
+                             **({"pinned": "cores"} if len(rounds) > 2 else {})}}
 
     got = pool([part([0.9, 1.2], [1.0]), part([1.05, 1.1, 0.99], [])], ["tau is the first call's"])
     [row] = got["rows"]
@@ -564,6 +566,10 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
     assert got["command"] == "call [0.9, 1.2] ; call [1.05, 1.1, 0.99]" and "pooled over 2 calls" in got["notes"][0]
     assert got["notes"][-1] == "tau is the first call's"  # --note with --pool
     assert got["settings"]["reps"] == [2, 3] and got["settings"]["turns"] == [None, "concurrency"]
+    assert got["settings"]["pinned"] == ["unrecorded", "cores"]  # each call's --pin, not the first call's alone
+    assert pinned_words(got["settings"]["pinned"]) == "; pinned per call: unrecorded, cores"
+    assert [pinned_words(p) for p in (None, True, "shares")] == ["", "; each engine pinned to its own CPUs",
+                                                               "; each engine pinned to its own cores"]
     assert row["rounds"] == [5, 5] and row["fork_vs_upstream_ci95"] is None  # 5 rounds hold no 95 % interval
     six = pool([part([0.9, 1.2, 1.0], []), part([1.05, 1.1, 0.99], [])])["rows"][0]
     assert six["fork_vs_upstream_ci95"] == [0.9, 1.2] and six["fork_vs_upstream_median"] == 1.025
@@ -858,6 +864,12 @@ def test_cpu_cores_read_the_thread_siblings_lists(tmp_path: Path) -> None:
     # siblings outside the CPUs asked for are left out; a CPU without a list (7) is a core of its own
     assert cpu_cores([0, 1, 4, 5, 6, 7], tmp_path) == [[0, 4], [1, 5], [6], [7]]
     assert cpu_cores([5, 0], tmp_path) == [[0], [5]]
+    # lists that disagree (cpu2 names 0 and 2, cpu0 only itself; cpu3 unreadable while cpu1 names 3): no CPU lost
+    # or given twice
+    for cpu, siblings in {10: "10", 12: "10,12", 11: "11,13"}.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings)
+    assert cpu_cores([10, 11, 12, 13], tmp_path) == [[10], [11, 13], [12]]
     assert sorted(cpu for core in cpu_cores() for cpu in core) == sorted(os.sched_getaffinity(0))  # this machine
 
 
@@ -873,6 +885,17 @@ def test_thread_cpu_follows_the_child_processes(tmp_path: Path) -> None:
         used, cpu = seen[child.pid]
         assert used >= 0.4 and cpu in os.sched_getaffinity(0)
         assert thread_cpu(os.getpid(), proc=tmp_path) == {}  # no /proc there: nothing
+        # a command name cut inside a UTF-8 character (comm holds 15 bytes) neither stops nor hides the others
+        fake = tmp_path / "proc"
+        for pid, comm in ((7, b"engine"), (8, b"ab\xc3) x\xff")):
+            (fake / str(pid) / "task" / str(pid)).mkdir(parents=True)
+            # fields 3 (state), 4 (ppid), 5-13, 14-15 (utime, stime), 16-38, 39 (processor)
+            line = b"%d (%s) S %d " % (pid, comm, 1 if pid == 8 else 0) + b"0 " * 9 + b"100 50 " + b"0 " * 23 + b"3"
+            for stat in (fake / str(pid) / "stat", fake / str(pid) / "task" / str(pid) / "stat"):
+                stat.write_bytes(line)
+        tick = os.sysconf("SC_CLK_TCK")
+        assert thread_cpu(7, proc=fake) == {7: (150 / tick, 3)}
+        assert thread_cpu(1, proc=fake) == {8: (150 / tick, 3)}  # the child of 1 (not there itself), odd name read
     finally:
         child.kill()
         child.wait()

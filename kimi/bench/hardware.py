@@ -36,27 +36,32 @@ def cpu_list(text: str) -> list[int]:
 
 def cpu_cores(cpus: list[int] | None = None, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
     """``cpus`` (default: the CPUs this process may use) grouped by physical core: per CPU, the ones of its
-    ``cpuN/topology/thread_siblings_list`` among ``cpus`` (SMT siblings), cores ordered by their lowest CPU. A CPU
-    whose list cannot be read is a core of its own (no SMT known)."""
-    wanted = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
-    cores: dict[int, list[int]] = {}
-    for cpu in wanted:
+    ``cpuN/topology/thread_siblings_list`` among ``cpus`` (SMT siblings), cores ordered by their lowest CPU, every
+    CPU in exactly one. A CPU whose list cannot be read is a core of its own (no SMT known)."""
+    wanted = sorted(set(cpus if cpus is not None else os.sched_getaffinity(0)))
+    placed: set[int] = set()
+    cores = []
+    for cpu in wanted:  # each CPU in one core, the first list that names it (lists that disagree lose no CPU)
+        if cpu in placed:
+            continue
         try:
             siblings = cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
         except (OSError, ValueError):
             siblings = [cpu]
-        core = sorted(set(siblings) & set(wanted) | {cpu})
-        cores.setdefault(core[0], core)
-    return [cores[first] for first in sorted(cores)]
+        core = sorted((set(siblings) & set(wanted) | {cpu}) - placed)
+        placed |= set(core)
+        cores.append(core)
+    return cores
 
 
 def cpu_groups(workers: int, cores: list[list[int]] | None = None, mode: str = "shares") -> list[list[int]]:
     """CPUs for ``workers`` processes from ``cores`` (the CPUs grouped by physical core; default
     :func:`cpu_cores`), cores in order of their lowest CPU. ``mode`` ``shares``: each worker its own contiguous run
-    of whole cores, all groups of one size (the remainder left out), so no two workers share a core; with fewer
-    cores than workers the CPUs are split instead, and with fewer CPUs than workers each gets one CPU, shared in
-    turn. ``cores``: every worker the same CPUs, the first thread of every core -- for workers that run one at a
-    time, whose busy threads then never share a core.
+    of whole cores, as many cores each (the remainder left out; the CPU counts differ where some cores have more
+    threads than others), so no two workers share a core; with fewer cores than workers the CPUs are split
+    instead (siblings may then go to different workers), and with fewer CPUs than workers each gets one CPU,
+    shared in turn. ``cores``: every worker the same CPUs, the first thread of every core -- for workers that run
+    one at a time, whose busy threads then never share a core.
 
     Raises:
         ValueError: ``workers`` < 1, no CPU, or an unknown ``mode``.
@@ -97,11 +102,12 @@ def steal_seconds(cpus: list[int] | None = None, stat: Path = Path("/proc/stat")
 
 
 def _stat_fields(path: Path) -> list[str] | None:
-    """The fields of a proc(5) ``stat`` file after the command name (which may hold spaces and parentheses):
-    ``[0]`` is field 3 (state); None where it cannot be read (the task ended)."""
+    """The fields of a proc(5) ``stat`` file after the command name (any bytes, spaces and parentheses too, cut to
+    15 bytes, perhaps inside a UTF-8 character): ``[0]`` is field 3 (state); None where it cannot be read (the task
+    ended)."""
     try:
-        return path.read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return path.read_bytes().rsplit(b")", 1)[1].decode("ascii").split()
+    except (OSError, IndexError, UnicodeDecodeError):
         return None
 
 

@@ -282,7 +282,7 @@ def pool(parts: list[dict], notes: list[str] | None = None) -> dict:
     note = (f"pooled over {len(parts)} calls: the per-round ratios are every call's rounds; tok/s, tau and the other "
             "columns are the first call's")
     settings = dict(parts[0]["settings"])
-    for key in ("reps", "turns", "rewarm_tokens"):
+    for key in ("reps", "turns", "rewarm_tokens", "pinned"):
         each = [part["settings"].get(key, "unrecorded") for part in parts]
         settings[key] = each if len(set(each)) > 1 else each[0]
     return {**parts[0], "settings": settings, "rows": rows, "goal": goal(rows), "projection": {},

@@ -48,7 +48,7 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     result.update({"vllm_version": vllm.__version__, "vllm_file": vllm.__file__,
                    "start_s": round(time.monotonic() - t0, 1), "engine": engine_info(llm), "device": device(),
                    "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"), "runner": "v2" if v2 else "v1",
-                   "cpus": sorted(os.sched_getaffinity(0)), "cpu_cores": cpu_cores(),
+                   "cpus": sorted(os.sched_getaffinity(0)), "cpu_cores": machine_cores(),
                    "by_concurrency": {}})
     turn = Path(job["turn"]) if job.get("turn") else None
     try:
@@ -160,7 +160,7 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
     entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
              "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
              "steal_share": steal_share(stolen, stolen_after, sum(walls)),
-             **busy_threads(threads, threads_after, sum(walls), cpu_cores()),
+             **busy_threads(threads, threads_after, sum(walls), machine_cores()),
              "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
     if first:
         llm.collective_rpc(install_timer)
@@ -180,6 +180,12 @@ def steal_share(before: float | None, after: float | None, seconds: float) -> fl
     if before is None or after is None or seconds <= 0:
         return None
     return round((after - before) / (seconds * len(os.sched_getaffinity(0))), 4)
+
+
+def machine_cores() -> list[list[int]]:
+    """Every CPU of the machine (``os.cpu_count()``, not only this process's) grouped by physical core
+    (:func:`kimi.bench.hardware.cpu_cores`): siblings outside the engine's CPUs still count as one core."""
+    return cpu_cores(list(range(os.cpu_count() or 1)))
 
 
 BUSY_SHARE = 0.2

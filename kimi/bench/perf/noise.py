@@ -31,7 +31,7 @@ def engine_noise(entry: dict) -> dict:
     """One engine at one concurrency: ``cv`` of its rates, ``steal_max`` (the largest share of its CPU time the
     hypervisor took in a round; None where not recorded), ``r_steal`` (its rates against those shares),
     ``shared`` (``"k/n"``: in k of the n rounds that recorded it, two of its busy threads ended on one physical
-    core; None where none did) and ``r_shared`` (its rates against that, as 0 or 1)."""
+    core; None where no round recorded it) and ``r_shared`` (its rates against that, as 0 or 1)."""
     shares = [x for x in entry.get("steal_share_rounds", []) if x is not None]
     shared = [None if x is None else int(x) for x in entry.get("shared_core_rounds", [])]
     known = [x for x in shared if x is not None]

@@ -12,8 +12,18 @@ from kimi.bench.results import header, write_json, write_lines
 from kimi.train.charts import pyplot, save_png
 
 #: The settings line's words for each ``--pin`` (``pinned``: None or False unpinned; True in calls before the modes,
-#: which gave each engine its own CPUs as ``shares`` does).
-PINNED = {None: "", False: "", "cores": "; every engine pinned to one thread of each core (they measure in turns)"}
+#: which gave each engine its own share of the CPUs, split in CPU order).
+PINNED = {None: "", False: "", True: "; each engine pinned to its own CPUs",
+          "shares": "; each engine pinned to its own cores",
+          "cores": "; every engine pinned to one thread of each core (they measure in turns)"}
+
+
+def pinned_words(pinned) -> str:
+    """:data:`PINNED`'s words for a call's ``pinned`` setting; for pooled calls that differ (a list, one per call,
+    ``unrecorded`` where a call predates the setting) each call's in order."""
+    if isinstance(pinned, list):
+        return "; pinned per call: " + ", ".join(str(p) for p in pinned)
+    return PINNED.get(pinned, f"; pinned: {pinned}")
 
 
 def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
@@ -29,7 +39,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
               f"fork greedy drafts: KIMI_DRAFT_GREEDY={settings['fork_greedy']}"),
              (f"- output tokens per request: {settings['tokens']} (pair), {settings.get('slice_tokens')} "
               f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"
-              + PINNED.get(settings.get("pinned"), "; each engine pinned to its own CPUs")),
+              + pinned_words(settings.get("pinned"))),
              (f"- goals: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16 (issue G, against 0.26.0); "
               f"median of the per-round fork/upstream >= {GOAL_MEDIAN} at every c on the pair at k = 3 and no round "
               f"below {GOAL_FLOOR} (issue I): {summary['goal']}"), "",
