@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -145,16 +144,13 @@ def gpu_clocks(path: Path | None, tool: str = "nvidia-smi") -> Iterator[None]:
     matches command lines). Nothing with ``path`` None.
 
     Raises:
-        FileNotFoundError: ``tool`` is not on ``PATH`` (checked before the block runs).
+        FileNotFoundError: ``tool`` is not on ``PATH`` (from starting it, before the block runs).
     """
     if path is None:
         yield
         return
-    found = shutil.which(tool)
-    if found is None:
-        raise FileNotFoundError(f"{tool} is not on PATH")
     path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([found, f"--query-gpu={GPU_CLOCK_FIELDS}", "--format=csv", "-l", "1", "-f", str(path)],
+    proc = subprocess.Popen([tool, f"--query-gpu={GPU_CLOCK_FIELDS}", "--format=csv", "-l", "1", "-f", str(path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield

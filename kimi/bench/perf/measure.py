@@ -4,6 +4,7 @@ Imports vLLM when it runs: the variant's ``PYTHONPATH`` decides which vLLM that 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -182,9 +183,11 @@ def steal_share(before: float | None, after: float | None, seconds: float) -> fl
     return round((after - before) / (seconds * len(os.sched_getaffinity(0))), 4)
 
 
+@functools.cache
 def machine_cores() -> list[list[int]]:
     """Every CPU of the machine (``os.cpu_count()``, not only this process's) grouped by physical core
-    (:func:`kimi.bench.hardware.cpu_cores`): siblings outside the engine's CPUs still count as one core."""
+    (:func:`kimi.bench.hardware.cpu_cores`): siblings outside the engine's CPUs still count as one core. Read once
+    per process (the topology does not change while an engine runs)."""
     return cpu_cores(list(range(os.cpu_count() or 1)))
 
 
@@ -202,9 +205,8 @@ def busy_threads(before: dict[int, tuple[float, int]], after: dict[int, tuple[fl
     if not before or not after or seconds <= 0:
         return {"busy": None, "shared_core": None}
     core_of = {cpu: i for i, core in enumerate(cores) for cpu in core}
-    busy = sorted(([cpu, round((used - before[tid][0]) / seconds, 2)] for tid, (used, cpu) in after.items()
-                   if tid in before and (used - before[tid][0]) / seconds >= BUSY_SHARE),
-                  key=lambda entry: -entry[1])
+    shares = [(cpu, (used - before[tid][0]) / seconds) for tid, (used, cpu) in after.items() if tid in before]
+    busy = sorted(([cpu, round(share, 2)] for cpu, share in shares if share >= BUSY_SHARE), key=lambda e: -e[1])
     places = [core_of.get(cpu, ("cpu", cpu)) for cpu, _ in busy]
     return {"busy": busy, "shared_core": len(set(places)) < len(places)}
 
