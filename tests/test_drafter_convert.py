@@ -96,7 +96,8 @@ def test_ids_that_do_not_fit_the_target_are_refused(tmp_path: Path) -> None:
     target = kimi_target(tmp_path / "t", layers=40, dims=SMALL)
     src = toplevel_drafter(tmp_path / "src", [2, 30, 58], dims=SMALL)
     refused = kimi("drafter", "convert", str(src), str(tmp_path / "dst"), "--target", str(target))
-    assert refused.returncode == 1 and "outside the target's layers 0..39" in refused.stderr
+    assert refused.returncode == 1 and "outside the target's layers 0..40" in refused.stderr
+    assert "fix: write the ids of the layers the drafter was trained on, 0..40 in vLLM's convention" in refused.stderr
     assert not (tmp_path / "dst").exists()
 
 
@@ -159,3 +160,54 @@ def test_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
     assert proc.returncode in (0, 130), err
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left in (["src"], ["dst", "src"]), left
+
+
+PAIR = ROOT / "models" / "pair"
+
+
+def _pair_copy(tmp_path: Path, **changes) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes((PAIR / "drafter" / "model.safetensors").read_bytes())
+    cfg = {**config_of(PAIR / "drafter"), **changes}
+    (src / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return src
+
+
+def test_a_config_without_architectures_gets_them_and_nothing_is_dropped_silently(tmp_path: Path) -> None:
+    """Issue 44: the copy names the class vLLM needs; the nested ids it replaces are kept with their old value."""
+    nested = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True}
+    src = _pair_copy(tmp_path, architectures=None, eagle_config=nested)
+    inspected = json.loads(kimi("drafter", "inspect", str(src), "--json").stdout)
+    assert any("no architectures in config.json" in p for p in inspected["problems"])
+    result = kimi("drafter", "convert", str(src), str(tmp_path / "dst"), "--target", str(PAIR / "target"))
+    assert result.returncode == 0, result.stderr
+    cfg = config_of(tmp_path / "dst")
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["kimi_converted_from"]["replaced"]["eagle_config"] == nested
+    assert "the old values of eagle_config" in result.stderr
+    assert kimi("drafter", "inspect", str(tmp_path / "dst"), "--target", str(PAIR / "target")).returncode == 0
+
+
+def test_two_id_sources_that_disagree_are_refused_with_the_fix(tmp_path: Path) -> None:
+    src = _pair_copy(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+                     eagle_aux_hidden_state_layer_ids_convention=None)
+    refused = kimi("drafter", "convert", str(src), str(tmp_path / "dst"), "--target", str(PAIR / "target"))
+    assert refused.returncode == 1 and "name different layers" in refused.stderr
+    assert "fix: keep the ids the drafter was trained on in one place" in refused.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+def test_bin_weights_are_written_as_safetensors(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    src = _pair_copy(tmp_path)
+    weights = load_file(str(src / "model.safetensors"))
+    torch.save(weights, src / "pytorch_model.bin")
+    (src / "model.safetensors").unlink()
+    result = kimi("drafter", "convert", str(src), str(tmp_path / "dst"), "--target", str(PAIR / "target"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["config.json", "model.safetensors"]
+    copied = load_file(str(tmp_path / "dst" / "model.safetensors"))
+    assert copied.keys() == weights.keys() and all(torch.equal(copied[k], weights[k]) for k in weights)

@@ -110,18 +110,31 @@ def test_nested_ids_not_starting_at_one_are_flagged_as_a_guess(tmp_path: Path, t
     code, report = inspect_json(specforge_drafter(tmp_path / "d", [2, 30, 58]), target)
     assert code == 1
     assert report["aux_layer_ids"] == [2, 30, 58]
-    assert any("is a guess" in p and "--convention" in p for p in report["problems"])
+    guess = [(p, f) for p, f in zip(report["problems"], report["fixes"], strict=True) if "is a guess" in p]
+    assert guess and "--convention layer_input|layer_output" in guess[0][1]
 
 
-@pytest.mark.parametrize("ids, needle", [
-    ([2, 30, 61], "outside the target's layers 0..60 (61 layers)"),
-    ([2, 30, 30], "repeat [30]"),
-    ([2, 58], "2 aux layer ids [2, 58] but the drafter's fc takes 3 hidden states"),
+@pytest.mark.parametrize("ids, needle, fix", [
+    ([2, 30, 62], "outside the target's layers 0..61 (61 layers; 61 is the last layer's output)",
+     "0..61 in vLLM's convention"),
+    ([2, 30, 30], "repeat [30]", "write each layer the drafter was trained on once"),
+    ([2, 58], "2 aux layer ids [2, 58] but the drafter's fc takes 3 hidden states",
+     "write the 3 ids the drafter's fc was trained on"),
 ])
-def test_bad_ids_are_problems(tmp_path: Path, target: Path, ids: list[int], needle: str) -> None:
+def test_bad_ids_are_problems(tmp_path: Path, target: Path, ids: list[int], needle: str, fix: str) -> None:
     code, report = inspect_json(toplevel_drafter(tmp_path / "d", ids), target)
     assert code == 1
-    assert any(needle in p for p in report["problems"]), report["problems"]
+    found = [f for p, f in zip(report["problems"], report["fixes"], strict=True) if needle in p]
+    assert found and fix in found[0], (report["problems"], report["fixes"])
+
+
+@pytest.mark.parametrize("write", [lambda path: toplevel_drafter(path, [2, 30, 61]),
+                                   lambda path: specforge_drafter(path, [1, 29, 60])],
+                         ids=["layer_input", "specforge_nested"])
+def test_the_last_layer_output_is_accepted_in_every_convention(tmp_path: Path, target: Path, write) -> None:
+    """Id L on an L-layer target (vLLM captures the last layer's output); L-1 as 'output of layer k'."""
+    code, report = inspect_json(write(tmp_path / "d"), target)
+    assert (code, report["problems"], report["aux_layer_ids"]) == (0, [], [2, 30, 61])
 
 
 def test_drafter_for_another_hidden_size(tmp_path: Path) -> None:

@@ -38,6 +38,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the convention of the ids SRC writes, when detection can only guess")
     add_force(p, "replace DST if it exists")
     p.set_defaults(func=cmd_convert)
+    p = cmds.add_parser(
+        "conventions", help="print the aux layer id conventions the check reads and their valid ranges (markdown)",
+        description="Print, as a markdown table, every rule by which the drafter check reads aux layer ids (where "
+                    "they are written, the convention it reads them in) with the valid ids as written and in vLLM's "
+                    "convention, for L target layers or for --layers N. docs/drafters.md holds the table for L.")
+    p.add_argument("--layers", type=positive_int, default=None, help="the target's decoder layer count")
+    p.set_defaults(func=cmd_conventions)
 
 
 def cmd_inspect(args: argparse.Namespace, layout: Layout) -> int:
@@ -54,4 +61,12 @@ def cmd_convert(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.drafter.convert import convert
 
     convert(args.src, args.dst, target=args.target, convention=args.convention, force=args.force)
+    return 0
+
+
+def cmd_conventions(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi drafter conventions [--layers N]``."""
+    from kimi.drafter.conventions import convention_table
+
+    print(convention_table(args.layers))
     return 0

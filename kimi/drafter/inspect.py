@@ -28,7 +28,8 @@ import numpy as np
 
 from kimi.drafter import layout
 from kimi.drafter.checkpoint import Checkpoint, read_config, text_config
-from kimi.drafter.conventions import LAYER_OUTPUT, AuxIds, check_ids, read_aux_ids
+from kimi.drafter.conventions import LAYER_OUTPUT, AuxIds, check_ids, conflicting_ids, read_aux_ids
+from kimi.drafter.findings import Finding, finding
 from kimi.errors import KimiError
 
 FORMATS = ("eagle3-llama", "speculators", "modelopt", "eagle3-mla")
@@ -39,7 +40,7 @@ _MODELOPT_KEYS = {"use_input_layernorm_in_first_layer", "use_last_layernorm", "e
 # lengthens the cos/sin cache (vllm/model_executor/layers/rotary_embedding: default, linear, llama3).
 CACHE_ONLY_ROPE = (None, "default", "linear", "llama3")
 # Findings that stop `kimi drafter convert` (the rest are warnings).
-CONVERT_BLOCKING = ("config", "ids", "shape", "vocab", "convention", "format")
+CONVERT_BLOCKING = ("config", "ids", "conflict", "shape", "vocab", "convention", "format", "weights")
 _T2D_UNREAD = " (vLLM never reads t2d, so it serves the drafter; other servers may use it)"
 
 
@@ -114,8 +115,9 @@ class Target:
 class Report:
     """The result of an inspection; ``as_dict`` is the ``--json`` form.
 
-    ``findings`` are (kind, sentence) pairs, the problems; ``notes`` say where the fork serves the drafter
-    otherwise than vLLM 0.32.0 would read it (translated or defaulted aux layer ids), which is not a problem.
+    ``findings`` are the problems (:class:`~kimi.drafter.findings.Finding`: kind, problem, fix); ``notes`` say
+    where the fork serves the drafter otherwise than vLLM 0.32.0 would read it (translated or defaulted aux layer
+    ids), which is not a problem.
     """
 
     path: str
@@ -133,18 +135,17 @@ class Report:
     fc_hidden_states: int | None
     rope: dict
     target: dict | None
-    findings: list[tuple[str, str]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
         """The findings as sentences."""
-        return [text for _, text in self.findings]
+        return [f.text for f in self.findings]
 
-    def blocking(self, kinds: tuple[str, ...] = CONVERT_BLOCKING) -> list[str]:
-        """Findings of the given kinds (``config``, ``ids``, ``shape``, ``vocab``, ``convention``, ``rope``,
-        ``format``)."""
-        return [text for kind, text in self.findings if kind in kinds]
+    def blocking(self, kinds: tuple[str, ...] = CONVERT_BLOCKING) -> list[Finding]:
+        """The findings of the given kinds (keys of :data:`kimi.drafter.findings.FIXES`)."""
+        return [f for f in self.findings if f.kind in kinds]
 
     def as_dict(self) -> dict:
         return {
@@ -157,7 +158,7 @@ class Report:
             "aux_layer_ids_field": self.aux.where, "convention": self.aux.convention,
             "convention_evidence": self.aux.evidence, "aux_layer_ids": self.aux_layer_ids,
             "fc_hidden_states": self.fc_hidden_states, "rope": self.rope, "target": self.target,
-            "problems": self.problems, "notes": self.notes,
+            "problems": self.problems, "fixes": [f.fix for f in self.findings], "notes": self.notes,
         }
 
     def render(self) -> str:
@@ -180,7 +181,7 @@ class Report:
             rows.append(f"target         {t['model_type']}, {t['num_layers']} layers, hidden {t['hidden_size']}, "
                         f"vocab {t['vocab_size']}; quantization {t.get('quantization') or 'none'}")
         rows += [f"note           {n}" for n in self.notes]
-        rows += [f"problem        {p}" for p in self.problems] or ["problems       none"]
+        rows += [f"problem        {f.text}\n  fix          {f.fix}" for f in self.findings] or ["problems       none"]
         return "\n".join(rows)
 
 
@@ -224,35 +225,46 @@ def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None,
     """(summary of ``d2t`` / ``t2d``, findings): kind ``vocab`` for ``d2t``, ``t2d`` for ``t2d``, which vLLM never
     reads (``load_weights`` of both EAGLE-3 drafter classes skips every name containing "t2d")."""
     info: dict = {"d2t": "d2t" in ckpt.tensors, "t2d": "t2d" in ckpt.tensors}
-    found: list[tuple[str, str]] = []
+    found: list[Finding] = []
 
-    def add(kind: str, text: str) -> None:
-        found.append((kind, text + (_T2D_UNREAD if kind == "t2d" else "")))
+    def add(kind: str, text: str, fix: str = "") -> None:
+        found.append(finding(kind, text + (_T2D_UNREAD if kind == "t2d" else ""), fix))
 
+    if draft_vocab and target_vocab and draft_vocab > target_vocab:
+        add("vocab", f"the draft vocabulary ({draft_vocab}) is larger than the target's ({target_vocab}): a draft "
+                     "vocabulary is a subset of the target's, so this drafter was made for another target's "
+                     "vocabulary", f"use the drafter made for this target; if {draft_vocab} is a wrong "
+                     "draft_vocab_size, write the lm_head's rows there")
     if not info["d2t"]:
-        if ckpt.has_weights and draft_vocab and target_vocab and draft_vocab != target_vocab:
+        if ckpt.has_weights and draft_vocab and target_vocab and draft_vocab < target_vocab:
             add("vocab", f"no d2t tensor but the draft vocabulary ({draft_vocab}) is smaller than the target's "
                          f"({target_vocab}): vLLM 0.32.0 then maps every draft id i to target id i, without an "
-                         "error, and the drafts are wrong")
+                         "error, and the drafts are wrong", "ship the drafter's d2t (int64 offsets, draft id i -> "
+                         "target id i + d2t[i]) as its training wrote it")
         info["summary"] = "absent" if ckpt.has_weights else "not read (no weight files)"
         return info, found
     d2t_info = ckpt.tensors["d2t"]
     if d2t_info.dtype not in ("I64", "I32") or len(d2t_info.shape) != 1 or d2t_info.shape[0] == 0:
         add("vocab", f"d2t must be a non-empty 1-D int64 tensor of draft-to-target offsets, not "
-                     f"{d2t_info.dtype}{list(d2t_info.shape)}")
+                     f"{d2t_info.dtype}{list(d2t_info.shape)}", "write d2t as a 1-D int64 tensor of "
+                     "draft_vocab_size offsets (target id = draft id + d2t[draft id])")
         info["summary"] = "malformed d2t"
         return info, found
     d2t = ckpt.read("d2t").astype(np.int64)
     mapped = np.arange(d2t.shape[0], dtype=np.int64) + d2t
     info.update(d2t_len=int(d2t.shape[0]), min_target_id=int(mapped.min()), max_target_id=int(mapped.max()))
     if draft_vocab and d2t.shape[0] != draft_vocab:
-        add("vocab", f"d2t has {d2t.shape[0]} entries but the draft vocabulary has {draft_vocab}")
+        add("vocab", f"d2t has {d2t.shape[0]} entries but the draft vocabulary has {draft_vocab}",
+            f"set draft_vocab_size to {d2t.shape[0]} if that is the lm_head's row count, else ship the d2t made "
+            "with this lm_head")
     if target_vocab and (mapped.min() < 0 or mapped.max() >= target_vocab):
         outside = int(((mapped < 0) | (mapped >= target_vocab)).sum())
         add("vocab", f"d2t maps {outside} draft ids outside the target vocabulary 0..{target_vocab - 1} "
-                     f"(target ids {int(mapped.min())}..{int(mapped.max())})")
+                     f"(target ids {int(mapped.min())}..{int(mapped.max())})",
+            "use the drafter made for this target's vocabulary (its d2t points past it)")
     if len(np.unique(mapped)) != len(mapped):
-        add("vocab", "d2t maps several draft ids to the same target id")
+        add("vocab", "d2t maps several draft ids to the same target id",
+            "write d2t again from the draft vocabulary's target ids (each draft id maps to its own target id)")
     if info["t2d"]:
         t2d_info = ckpt.tensors["t2d"]
         if t2d_info.dtype != "BOOL" or len(t2d_info.shape) != 1:
@@ -275,7 +287,7 @@ def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None,
 
 
 def _logits_width(vocab_map: dict, own_vocab: int | None, draft_vocab: int | None,
-                  target_vocab: int | None) -> list[tuple[str, str]]:
+                  target_vocab: int | None) -> list[Finding]:
     """The drafter's ``vocab_size`` as the width ``compute_logits`` scatters the draft logits into (both EAGLE-3
     classes): a larger one than the target's is harmless for drafting, a narrower one fails the first step."""
     if not own_vocab or not target_vocab or own_vocab == target_vocab:
@@ -284,12 +296,12 @@ def _logits_width(vocab_map: dict, own_vocab: int | None, draft_vocab: int | Non
     if top is not None and top >= own_vocab and top < target_vocab:
         text = (f"d2t maps draft ids to target ids up to {top} but the drafter's vocab_size is {own_vocab}: vLLM "
                 "0.32.0 scatters the draft logits into a row of vocab_size and fails at the first draft step")
-        return [("vocab", text)]
+        return [finding("vocab", text, f"set the drafter's vocab_size to the target's ({target_vocab})")]
     if not vocab_map.get("d2t") and draft_vocab == target_vocab:
         text = (f"the drafter's vocab_size {own_vocab} is not its draft vocabulary {draft_vocab} (the target's) "
                 "and there is no d2t: vLLM 0.32.0's compute_logits asserts vocab_size-wide logits and fails at the "
                 "first draft step")
-        return [("vocab", text)]
+        return [finding("vocab", text, f"set the drafter's vocab_size to {draft_vocab}")]
     return []
 
 
@@ -361,26 +373,35 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
     """``inspect`` on an opened checkpoint (a config-only one skips the tensor checks)."""
     cfg = ckpt.config
     fmt, evidence = detect_format(ckpt)
-    findings: list[tuple[str, str]] = []
+    findings: list[Finding] = _weight_findings(ckpt)
 
-    def add(kind: str, text: str) -> None:
-        findings.append((kind, text))
+    def add(kind: str, text: str, fix: str = "") -> None:
+        findings.append(finding(kind, text, fix))
 
     def number(source: dict, key: str) -> int | None:
         value = source.get(key)
         if value is not None and positive_int(value) is None:
-            add("config", f"config field {key} must be a positive integer, not {value!r}")
+            add("config", f"config field {key} must be a positive integer, not {value!r}",
+                f"write {key} as a positive integer in the drafter's config.json")
         return positive_int(value)
 
     if fmt == "unknown":
         add("format", f"not a known EAGLE-3 drafter layout ({evidence})")
     if "architectures" in cfg and architectures(cfg) != cfg["architectures"]:
-        add("config", f"architectures must be a list of class names, not {cfg['architectures']!r}")
+        add("config", f"architectures must be a list of class names, not {cfg['architectures']!r}",
+            f"write architectures: [\"{default_architecture(cfg)}\"] (`kimi drafter convert` writes it)")
+    elif not architectures(cfg) and fmt != "speculators":
+        add("architectures", "no architectures in config.json: vLLM 0.32.0 cannot pick the drafter class and stops "
+                             "with "
+                      "\"Model architectures [...] are not supported\", listing every class it has",
+            f"write architectures: [\"{default_architecture(cfg)}\"] in config.json (`kimi drafter convert` "
+            "writes it)")
     layer_cfg = cfg
     if fmt == "speculators":
         layer_cfg = cfg.get("transformer_layer_config")
         if not isinstance(layer_cfg, dict):
-            add("config", f"transformer_layer_config must be an object, not {layer_cfg!r}")
+            add("config", f"transformer_layer_config must be an object, not {layer_cfg!r}",
+                "write the drafter layer's LlamaConfig fields as the object transformer_layer_config")
             layer_cfg = {}
 
     hidden = number(layer_cfg, "hidden_size")
@@ -391,14 +412,19 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
     target_vocab = target.vocab_size if target else own_vocab
     if target and target_hidden and target_hidden != target.hidden_size:
         add("shape", f"the drafter expects target hidden states of width {target_hidden} but the target's hidden "
-                     f"size is {target.hidden_size}: this drafter was made for another model")
+                     f"size is {target.hidden_size}: this drafter was made for another model",
+            f"use the drafter made for this target (hidden size {target.hidden_size}); if the tensors were made for "
+            f"it, write target_hidden_size: {target.hidden_size}")
     embed = ckpt.shape("embed_tokens.weight")
     rows = own_vocab or target_vocab  # vLLM builds embed_tokens with the drafter's vocab_size
     if embed and (len(embed) != 2 or (rows and embed[0] != rows) or (hidden and embed[1] != hidden)):
-        add("shape", f"embed_tokens.weight is {list(embed)}, expected [{rows}, {hidden}] (vocab_size x hidden_size)")
+        add("shape", f"embed_tokens.weight is {list(embed)}, expected [{rows}, {hidden}] (vocab_size x hidden_size)",
+            "leave embed_tokens out (vLLM shares the target's when the hidden sizes match), or ship the drafter's "
+            "own [vocab_size, hidden_size] one")
     if embed and target and own_vocab and own_vocab < target.vocab_size:
         add("vocab", f"the drafter's vocab_size {own_vocab} is smaller than the target's {target.vocab_size}: its "
-                     f"embed_tokens has no row for target ids {own_vocab} and up")
+                     f"embed_tokens has no row for target ids {own_vocab} and up",
+            "use the drafter made for this target's vocabulary")
     vocab_map, vocab_findings = _vocab_map(ckpt, draft_vocab, target_vocab)
     findings += vocab_findings
     findings += _logits_width(vocab_map, own_vocab, draft_vocab, target_vocab)
@@ -407,36 +433,42 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
     fc = ckpt.shape("fc.weight")
     fc_states = None
     if fc and (len(fc) != 2 or (hidden and fc[0] != hidden)):
-        add("shape", f"fc.weight is {list(fc)}, expected [{hidden}, k x {target_hidden}]")
+        add("shape", f"fc.weight is {list(fc)}, expected [{hidden}, k x {target_hidden}]",
+            f"use the drafter made for this target; if hidden_size is wrong, write the fc's rows ({fc[0]}) there")
     elif fc and target_hidden:
         if fc[1] % target_hidden:
-            add("shape", f"fc.weight {list(fc)} does not take a whole number of {target_hidden}-wide states")
+            add("shape", f"fc.weight {list(fc)} does not take a whole number of {target_hidden}-wide states",
+                "use the drafter made for this target (its fc takes k states of the target's hidden size)")
         else:
             fc_states = fc[1] // target_hidden
     elif not fc and ckpt.has_weights:
-        add("shape", "no fc.weight tensor: not an EAGLE-3 drafter (EAGLE-3 fuses target states through fc)")
+        add("shape", "no fc.weight tensor: not an EAGLE-3 drafter (EAGLE-3 fuses target states through fc)",
+            "ship the EAGLE-3 drafter's fc.weight (an EAGLE-1/2 drafter is served with method eagle, not eagle3)")
 
     aux = read_aux_ids(cfg, modelopt=fmt == "modelopt")
     if aux.malformed:
-        add("ids", aux.malformed)
+        add("ids", aux.malformed, "write the ids as a JSON list of integers, e.g. [2, 30, 58]")
+    conflict = conflicting_ids(cfg, modelopt=fmt == "modelopt")
+    if conflict:
+        add("conflict", conflict, f"keep the ids the drafter was trained on in one place and delete the other "
+                                  f"list (`kimi drafter convert` keeps {aux.where} and records the other)")
     if aux.ambiguous:
-        add("convention", f"the convention of {aux.where} {list(aux.written)} is a guess ({aux.evidence}); "
-                          "state it with `kimi drafter convert --convention layer_input|layer_output`")
+        add("convention", f"the convention of {aux.where} {list(aux.written)} is a guess ({aux.evidence})")
     try:
         ids = aux.vllm_ids(target.num_layers if target else None)
     except ValueError as exc:
-        add("ids", str(exc))
+        add("ids", str(exc), "serve an EAGLE-3 drafter with a target of at least 3 layers")
         ids = None
     if ids is not None and target:
-        findings += [("ids", p) for p in check_ids(ids, target.num_layers, fc_states)]
+        findings += check_ids(ids, target.num_layers, fc_states)
     elif ids is not None and fc_states is not None and fc_states != len(ids):
-        findings += [("ids", p) for p in check_ids(ids, max(ids) + 1, fc_states)]
+        findings += check_ids(ids, max(ids), fc_states)
 
     notes = _id_notes(cfg, aux, ids, target)
     served = served_positions or (target.max_positions if target else None)
     number(layer_cfg, "max_position_embeddings")
     rope, rope_problems = rope_check(layer_cfg, served)
-    findings += [("rope", p) for p in rope_problems]
+    findings += [finding("rope", p) for p in rope_problems]
     return Report(
         path=str(ckpt.path), format=fmt, format_evidence=evidence, architecture=vllm_architecture(cfg, fmt),
         model_type=str(layer_cfg.get("model_type", "")), hidden_size=hidden, target_hidden_size=target_hidden,
@@ -444,6 +476,34 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
         aux_layer_ids=list(ids) if ids is not None else None, fc_hidden_states=fc_states, rope=rope,
         target=None if target is None else vars(target), findings=findings, notes=notes,
     )
+
+
+def default_architecture(cfg: dict) -> str:
+    """The ``architectures`` name of the drafter class a config's fields ask for: MLA with ``kv_lora_rank``, else
+    Llama-style."""
+    return "Eagle3DeepseekV3ForCausalLM" if "kv_lora_rank" in cfg else "LlamaForCausalLMEagle3"
+
+
+def _weight_findings(ckpt: Checkpoint) -> list[Finding]:
+    """No weight file vLLM reads in an opened folder, and tensors written in more than one weight file."""
+    found = []
+    if ckpt.opened and not ckpt.has_weights:
+        others = f"; it holds {', '.join(ckpt.unread)}, which vLLM's loader does not read" if ckpt.unread else ""
+        found.append(finding(
+            "weights", f"no weight file vLLM reads (*.safetensors, *.bin, *.pt) in {ckpt.path}{others}: vLLM 0.32.0 "
+                       "stops with \"Cannot find any model weights\" after the target's weights have loaded",
+            "save the weights as model.safetensors (safetensors.torch.save_file(state_dict, ...)) beside config.json"
+            if ckpt.unread else ""))
+    if ckpt.duplicates:
+        named = "; ".join(f"{name} in {', '.join(f.name for f in files)}"
+                          for name, files in sorted(ckpt.duplicates.items())[:3])
+        more = f" (and {len(ckpt.duplicates) - 3} more)" if len(ckpt.duplicates) > 3 else ""
+        found.append(finding(
+            "conflict", f"{len(ckpt.duplicates)} tensor(s) written in more than one weight file: {named}{more}: vLLM "
+                        "0.32.0 loads every copy in turn, so the last file's wins or the load stops on its shape",
+            "delete the stale file, or list the shards to load in model.safetensors.index.json (vLLM then reads "
+            "only those)"))
+    return found
 
 
 def _id_notes(cfg: dict, aux: AuxIds, ids: tuple[int, ...] | None, target: Target | None) -> list[str]:

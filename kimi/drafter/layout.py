@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from kimi.drafter.checkpoint import Checkpoint
-from kimi.drafter.rawtensors import is_zero, read_one
+from kimi.drafter.findings import Finding, finding
 
 #: ``model_type`` -> (config class, its defaults for the fields the drafter classes read).
 _LLAMA = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
@@ -66,11 +66,26 @@ class Values:
     def __getitem__(self, key: str):
         return self.fields[key]
 
-    def why(self, reads: str) -> str:
-        """The defaulted fields among ``reads`` ("a x b"), as a clause ('' if none)."""
+    def defaulted_in(self, reads: str) -> list[str]:
+        """The defaulted fields among ``reads`` ("a x b")."""
         words = set(re.findall(r"\w+", reads))
-        notes = [note for key, note in self.defaulted.items() if key in words]
+        return [key for key in self.defaulted if key in words]
+
+    def why(self, reads: str) -> str:
+        """The defaulted fields among ``reads``, as a clause ('' if none)."""
+        notes = [self.defaulted[key] for key in self.defaulted_in(reads)]
         return f" ({'; '.join(notes)})" if notes else ""
+
+    def fix(self, reads: list[str]) -> str:
+        """The fix of tensors that do not fit the fields ``reads`` name: write the fields that took a class default
+        (the checkpoint's values), else make the written ones match or use the right drafter."""
+        defaulted = sorted({key for r in reads for key in self.defaulted_in(r)})
+        if defaulted:
+            return (f"write {', '.join(defaulted)} in the drafter's config.json with the values its tensors have "
+                    "(vLLM takes the class default for a missing field)")
+        fields = sorted({w for r in reads for w in re.findall(r"[a-z]+_[a-z_]+", r)})
+        return (f"make {', '.join(fields)} in config.json the values the tensors were made with, or use the drafter "
+                "made for this target")
 
 
 def drafter_class(cfg: dict) -> tuple[str, str] | None:
@@ -217,7 +232,7 @@ def _stands_for(name: str, present: set[str]) -> bool:
     return len(module) == 3 and module[1] in _FUSED and f"{module[0]}.{_FUSED[module[1]]}.{module[2]}" in present
 
 
-def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | None) -> list[tuple[str, str]]:
+def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | None) -> list[Finding]:
     """What vLLM 0.32.0 would get wrong loading ``ckpt``: (kind, sentence) pairs, kinds ``shape`` and ``vocab``.
 
     Checks (the two layouts of :data:`CLASSES`, unquantized checkpoints with weights; ``fc``,
@@ -241,9 +256,10 @@ def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | No
         return []
     needed, accepted = built
     present = {_canonical(n): n for n in ckpt.tensors}
-    wrong, missing, unknown, dropped = [], [], [], []
+    wrong, missing, unknown, dropped, wrong_reads = [], [], [], [], []
     for name, slot in {**needed, **accepted}.items():
         if name in present and ckpt.shape(present[name]) != slot.shape:
+            wrong_reads.append(slot.reads)
             wrong.append(f"{present[name]} is {list(ckpt.shape(present[name]))}, config.json gives "
                          f"{list(slot.shape)} ({slot.reads}){v.why(slot.reads)}")
     missing = [n for n in needed if n not in present and not _stands_for(n, set(present))]
@@ -253,7 +269,7 @@ def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | No
         if name in needed or name in accepted or "t2d" in name or name in _HANDLED or name == "lm_head.weight":
             continue
         if name.endswith(".bias"):
-            if not is_zero(read_one(ckpt.tensors[written].file, written)):
+            if not ckpt.is_zero(written):
                 flag = "mlp_bias" if ".mlp." in name else "attention_bias"
                 dropped.append(f"{written} holds non-zero values but {cls} builds no such bias ({flag} is not set "
                                "in config.json)")
@@ -263,25 +279,33 @@ def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | No
         elif not ((layout == LLAMA and (name == "mask_hidden" or (name.startswith("fc_norm.") and v["fc_norm"])))
                   or name.endswith(("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached"))):
             unknown.append(written)
-    out: list[tuple[str, str]] = []
+    out: list[Finding] = []
     if wrong:
-        out.append(("shape", _listed(wrong, "do not fit config.json") + ": vLLM 0.32.0 stops with a shape error "
-                    "after the target's weights have loaded"))
+        out.append(finding("shape", _listed(wrong, "do not fit config.json") + ": vLLM 0.32.0 stops with a shape "
+                           "error after the target's weights have loaded", v.fix(wrong_reads)))
     if missing:
-        out.append(("shape", _missing(missing, present, v) + ": vLLM 0.32.0 does not check an EAGLE-3 drafter "
-                    "for missing tensors and would serve them uninitialised"))
+        said = _missing(missing, present, v)
+        out.append(finding("shape", said + ": vLLM 0.32.0 does not check an EAGLE-3 drafter for missing tensors and "
+                           "would serve them uninitialised",
+                           "write num_hidden_layers as the number of decoder layers the checkpoint holds"
+                           if "num_hidden_layers" in said else "ship the missing tensors from the drafter's training "
+                           "checkpoint"))
     if unknown:
-        out.append(("shape", _listed(unknown, f"have no parameter in vLLM's {cls}") + ": vLLM 0.32.0 stops "
-                    "loading there (\"There is no module or parameter named ...\"), after the target's weights "
-                    "have loaded"))
+        out.append(finding("shape", _listed(unknown, f"have no parameter in vLLM's {cls}") + ": vLLM 0.32.0 stops "
+                           "loading there (\"There is no module or parameter named ...\"), after the target's "
+                           "weights have loaded", "remove those tensors, or rename them to the parameter names "
+                           f"{cls} has (`kimi drafter convert` renames speculators' layers.0.*)"))
     if dropped:
-        out.append(("shape", "; ".join(dropped) + ": vLLM 0.32.0 drops it without a word and the drafter runs "
-                    "without it; set the flag or remove the tensor"))
+        flags = sorted({flag for flag in ("attention_bias", "mlp_bias", "norm_before_fc")
+                        if any(flag in text for text in dropped)})
+        out.append(finding("shape", "; ".join(dropped) + ": vLLM 0.32.0 drops it without a word and the drafter "
+                           "runs without it", f"set {' / '.join(flags)} in config.json if the drafter was trained "
+                           "with it, else remove the tensor"))
     return out + _head(ckpt, v, target_vocab, target_hidden)
 
 
 def _head(ckpt: Checkpoint, v: Values, target_vocab: int | None,
-          target_hidden: int | None) -> list[tuple[str, str]]:
+          target_hidden: int | None) -> list[Finding]:
     """The vocabulary head and the embedding against what upstream shares from the target."""
     out = []
     draft_vocab, hidden = v["draft_vocab_size"], v["hidden_size"]
@@ -290,26 +314,26 @@ def _head(ckpt: Checkpoint, v: Values, target_vocab: int | None,
     if head is not None and head != (draft_vocab, hidden):
         text = (f"lm_head.weight is {list(head)}, config.json gives [{draft_vocab}, {hidden}] ({reads})"
                 f"{v.why(reads)}: vLLM 0.32.0 stops with a shape error after the target's weights have loaded")
-        out.append(("shape", text))
+        fix = (f"write draft_vocab_size: {head[0]} (the lm_head's rows) in config.json if that is the draft "
+               "vocabulary, else ship the lm_head made with it" if head[1:] == (hidden,) else v.fix([reads]))
+        out.append(finding("shape", text, fix))
     if target_vocab is None:
         return out
     if head is None and draft_vocab != target_vocab:
         text = (f"no lm_head.weight but a draft vocabulary of {draft_vocab} (the target's has {target_vocab}): "
                 f"vLLM 0.32.0 then puts the target's lm_head on the drafter and keeps its first {draft_vocab} rows "
-                "as the draft vocabulary, so the drafts are scored with the wrong rows, without an error; ship the "
-                f"drafter's own lm_head [{draft_vocab}, {hidden}]")
-        out.append(("vocab", text))
+                "as the draft vocabulary, so the drafts are scored with the wrong rows, without an error")
+        out.append(finding("vocab", text, f"ship the drafter's own lm_head.weight [{draft_vocab}, {hidden}]"))
     if "d2t" in ckpt.tensors and draft_vocab == target_vocab:
         text = (f"a d2t tensor although the draft vocabulary is the target's ({target_vocab}"
                 f"{v.why('draft_vocab_size')}): vLLM 0.32.0 builds no draft-to-target map then and stops loading "
-                "at d2t (\"There is no module or parameter named 'draft_id_to_target_id'\"); remove d2t and t2d, "
-                "or set draft_vocab_size to the lm_head's rows")
-        out.append(("vocab", text))
+                "at d2t (\"There is no module or parameter named 'draft_id_to_target_id'\")")
+        out.append(finding("vocab", text, "remove d2t and t2d, or set draft_vocab_size to the lm_head's rows"))
     if "embed_tokens.weight" not in ckpt.tensors and target_hidden is not None and target_hidden != hidden:
         text = (f"no embed_tokens.weight and the drafter's hidden size {hidden} is not the target's "
                 f"{target_hidden}: vLLM 0.32.0 cannot share the target's embeddings and serves the drafter's "
                 "own, uninitialised")
-        out.append(("shape", text))
+        out.append(finding("shape", text, f"ship the drafter's embed_tokens.weight [vocab_size, {hidden}]"))
     return out
 
 

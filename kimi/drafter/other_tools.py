@@ -97,7 +97,7 @@ def specforge_checkpoint(drafter: Path, dst: Path, force: bool = False) -> Path:
             "output of layer k" cannot name), lacks a tensor SpecForge's export requires, or ``dst`` is in the way
             (with ``force`` too, unless it is an earlier SpecForge layout: an ``eagle_config``).
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
     from transformers import LlamaConfig
 
     ckpt, ids = _llama_drafter(drafter)
@@ -112,8 +112,8 @@ def specforge_checkpoint(drafter: Path, dst: Path, force: bool = False) -> Path:
                               "use_aux_hidden_state": True}
     check_replaceable(dst, "config.json", force, keep=(drafter, Path.cwd()), marker_keys=("eagle_config",))
     tensors = {}
-    for file in ckpt.weight_files():
-        tensors.update({k: v for k, v in load_file(str(file)).items() if "embed" not in k.lower()})
+    for file in ckpt.files:
+        tensors.update({k: v for k, v in ckpt.load(file).items() if "embed" not in k.lower()})
     with staged_folder(dst) as staging:
         LlamaConfig.from_dict(config).save_pretrained(str(staging))
         saved = json.loads((staging / "config.json").read_text())

@@ -8,8 +8,10 @@ Reached through one hook call in ``vllm/config/speculative.py`` (patch
    drafter without ids gets vLLM's defaults made distinct for shallow targets,
    logged loudly with the ids used;
 2. runs ``kimi drafter inspect``'s checks against the target as vLLM has
-   configured it: ids in range, not repeated, as many as the drafter's ``fc``
-   takes (safetensors header); the drafter's target hidden size and
+   configured it: the weight files vLLM would load (safetensors, sharded with or
+   without an index, ``.bin``, ``.pt``) found and read, no tensor in two of them;
+   ids in range (``0..L``: ``L`` is the last layer's output), not repeated, one
+   source only, as many as the drafter's ``fc`` takes; the drafter's target hidden size and
    vocabulary; ``d2t`` within the target vocabulary; every tensor against the
    shape its config gives it, and tensors vLLM would serve uninitialised,
    reject or drop (:mod:`kimi.drafter.layout`; ``docs/drafter-assumptions.md``);
@@ -20,8 +22,8 @@ Reached through one hook call in ``vllm/config/speculative.py`` (patch
    ``eagle_aux_hidden_state_layer_ids`` and ``num_aux_hidden_states``, which
    both of vLLM's model runners and the drafter's ``fc`` read.
 
-Every failure is a ``DrafterConfigError`` (a ``ValueError``) naming the ids,
-the target's layer count and the fix, raised seconds into start-up instead
+Every failure is a ``DrafterConfigError`` (a ``ValueError``) naming each problem
+with the fix for its own cause, raised seconds into start-up instead
 of as a shape error after the target's weights have loaded.
 """
 
@@ -42,7 +44,7 @@ class DrafterConfigError(ValueError):
 
 # Findings that stop start-up; a guessed convention is read literally (as upstream does) with a
 # warning, an unknown layout is left to vLLM's own loader, and a bad t2d (which vLLM never reads) is a warning.
-SERVE_BLOCKING = ("config", "ids", "shape", "vocab", "rope")
+SERVE_BLOCKING = ("config", "architectures", "ids", "conflict", "shape", "vocab", "rope", "weights")
 
 #: ``model_type`` of the targets whose decoder is vLLM's ``DeepseekV2Model`` (DeepSeek-V2/V3/R1/V3.2, Kimi-K2, and
 #: the text model of Kimi-K2.5), which in vLLM 0.32.0 does not pass aux states from one pipeline stage to the next.
@@ -53,6 +55,22 @@ def _logger():
     from vllm.logger import init_logger
 
     return init_logger("vllm.kimi.eagle3")
+
+
+def dummy_load(spec_config: Any) -> bool:
+    """Whether the drafter's weights will be drawn at random (``load_format=dummy``), so that a folder without
+    weight files is served: the draft load config says so, or the target is a local folder without weight files
+    too (the target's load config is not passed to the speculative config; :mod:`kimi.models.kimi_slice` pairs)."""
+    from kimi.drafter.checkpoint import weight_files
+
+    load = getattr(spec_config, "draft_load_config", None)
+    if load is not None:
+        return str(getattr(load, "load_format", "")) == "dummy"
+    target = Path(str(spec_config.target_model_config.model))
+    try:
+        return target.is_dir() and not weight_files(target)
+    except KimiError:
+        return False
 
 
 def _checkpoint(model: str, revision: str | None, hf_config: Any) -> Checkpoint:
@@ -86,7 +104,9 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
         The aux layer ids (vLLM convention) the target will capture.
 
     Raises:
-        DrafterConfigError: malformed or unusable ids (out of range, repeated,
+        DrafterConfigError: each problem with its own fix: weight files vLLM would not find or that
+            name a tensor twice, two id sources that disagree, a config without ``architectures``,
+            malformed or unusable ids (out of range, repeated,
             not matching the drafter's ``fc``), a drafter made for another
             hidden size or vocabulary, a bad ``d2t``, tensors that do not fit
             the config or that vLLM would serve uninitialised, reject or drop
@@ -103,20 +123,17 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
                     vocab_size=int(text.vocab_size), max_positions=None, model_type=str(text.model_type))
     served = int(target_config.max_model_len)
     report = inspect_checkpoint(_checkpoint(name, getattr(draft, "revision", None), hf), target, served)
-    problems = report.blocking(SERVE_BLOCKING)
+    problems = [f for f in report.blocking(SERVE_BLOCKING) if not (f.kind == "weights" and dummy_load(spec_config))]
     if problems:
         aux = report.aux
-        written = f"; ids written {list(aux.written)} in {aux.where} ({aux.convention})" if aux.written else ""
+        written = f" (aux layer ids {list(aux.written)} in {aux.where}, {aux.convention})" if aux.written else ""
+        causes = " ".join(f"({n}) {f.text}. Fix: {f.fix}." for n, f in enumerate(problems, 1))
         raise DrafterConfigError(
-            f"EAGLE-3 drafter {name} does not fit the {target.num_layers}-layer target {target_config.model}: "
-            + "; ".join(problems) + f"{written}. Fix: give the ids of the layers the drafter was trained on in "
-            f"vLLM's convention (state entering layer k, 0..{target.num_layers - 1}) as "
-            "eagle_aux_hidden_state_layer_ids in the drafter's config.json, or use the drafter made for this "
-            f"target; `kimi drafter inspect {name} --target {target_config.model}` shows what was found and "
-            "`kimi drafter convert` writes the ids."
+            f"EAGLE-3 drafter {name} does not fit the {target.num_layers}-layer target {target_config.model}"
+            f"{written}: {causes} `kimi drafter inspect {name} --target {target_config.model}` shows what was found."
         )
     for warning in report.blocking(("convention", "format", "t2d")):
-        log.warning("EAGLE-3 drafter %s: %s", name, warning)
+        log.warning("EAGLE-3 drafter %s: %s. Fix: %s.", name, warning.text, warning.fix)
     ids = tuple(report.aux_layer_ids)
     aux = report.aux
     if aux.written is None:

@@ -57,7 +57,7 @@ def test_output_convention_ids_are_translated(tmp_path: Path) -> None:
 def test_out_of_range_ids_fail_before_loading_with_the_fix(tmp_path: Path) -> None:
     target, drafter = pair(tmp_path, 8, eagle_aux_hidden_state_layer_ids=[2, 4, 9])
     error = engine_config(target, drafter)["error"]
-    assert "does not fit the 8-layer target" in error and "[9] are outside the target's layers 0..7" in error
+    assert "does not fit the 8-layer target" in error and "[9] are outside the target's layers 0..8" in error
     assert "kimi drafter inspect" in error
 
 
