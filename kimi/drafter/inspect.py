@@ -387,15 +387,7 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
 
     if fmt == "unknown":
         add("format", f"not a known EAGLE-3 drafter layout ({evidence})")
-    if "architectures" in cfg and architectures(cfg) != cfg["architectures"]:
-        add("config", f"architectures must be a list of class names, not {cfg['architectures']!r}",
-            f"write architectures: [\"{default_architecture(cfg)}\"] (`kimi drafter convert` writes it)")
-    elif not architectures(cfg) and fmt != "speculators":
-        add("architectures", "no architectures in config.json: vLLM 0.32.0 cannot pick the drafter class and stops "
-                             "with "
-                      "\"Model architectures [...] are not supported\", listing every class it has",
-            f"write architectures: [\"{default_architecture(cfg)}\"] in config.json (`kimi drafter convert` "
-            "writes it)")
+    findings += architectures_findings(cfg, fmt)
     layer_cfg = cfg
     if fmt == "speculators":
         layer_cfg = cfg.get("transformer_layer_config")
@@ -476,6 +468,20 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
         aux_layer_ids=list(ids) if ids is not None else None, fc_hidden_states=fc_states, rope=rope,
         target=None if target is None else vars(target), findings=findings, notes=notes,
     )
+
+
+def architectures_findings(cfg: dict, fmt: str) -> list[Finding]:
+    """A malformed or missing ``architectures`` (a speculators config needs none): without one, vLLM 0.32.0's
+    ``SpeculativeConfig.update_arch_`` stops with "Model architectures [...] are not supported" and every class it
+    has, before the hook's other checks run."""
+    fix = f"write architectures: [\"{default_architecture(cfg)}\"] in config.json (`kimi drafter convert` writes it)"
+    if "architectures" in cfg and architectures(cfg) != cfg["architectures"]:
+        return [finding("config", f"architectures must be a list of class names, not {cfg['architectures']!r}", fix)]
+    if not architectures(cfg) and fmt != "speculators":
+        return [finding("architectures", "no architectures in config.json: vLLM 0.32.0 cannot pick the drafter class "
+                        "and stops with \"Model architectures [...] are not supported\", listing every class it has",
+                        fix)]
+    return []
 
 
 def default_architecture(cfg: dict) -> str:

@@ -32,9 +32,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kimi.drafter.checkpoint import Checkpoint
+from kimi.drafter.checkpoint import Checkpoint, read_config
 from kimi.drafter.conventions import LAYER_OUTPUT
-from kimi.drafter.inspect import Target, inspect_checkpoint
+from kimi.drafter.inspect import Target, architectures_findings, detect_format, inspect_checkpoint
 from kimi.errors import KimiError
 
 
@@ -88,6 +88,24 @@ def _checkpoint(model: str, revision: str | None, hf_config: Any) -> Checkpoint:
         return Checkpoint.open(path)
     except KimiError as exc:
         raise DrafterConfigError(f"EAGLE-3 drafter {model}: {exc}") from None
+
+
+def check_drafter_architectures(spec_config: Any) -> None:
+    """Refuse an EAGLE-3 drafter whose ``config.json`` names no (or malformed) ``architectures``, before vLLM's
+    ``EAGLEConfig`` makes a class name of nothing and ``update_arch_`` lists every class it has instead of the fix
+    (called by patch 0004 ahead of that; :func:`kimi.drafter.inspect.architectures_findings`).
+
+    Raises:
+        DrafterConfigError: the problem and its fix.
+    """
+    draft = spec_config.draft_model_config
+    path = Path(draft.model)
+    if not (path / "config.json").is_file():  # not local: left to vLLM
+        return
+    config = read_config(path)
+    problems = architectures_findings(config, detect_format(Checkpoint(path=path, config=config))[0])
+    if problems:
+        raise DrafterConfigError(f"EAGLE-3 drafter {draft.model}: {problems[0].text}. Fix: {problems[0].fix}.")
 
 
 def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:

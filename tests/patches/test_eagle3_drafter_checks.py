@@ -209,3 +209,16 @@ def test_pipeline_parallel_on_a_llama_target_is_left_to_vllm(tmp_path: Path) -> 
     assert parallel_config(target, drafter, pipeline_parallel_size=2) == {"pp": 2, "tp": 1}
 
 
+
+
+def test_a_drafter_without_architectures_is_refused_with_the_fix(trained_pair: Path, tmp_path: Path) -> None:
+    """Issue 44: upstream's update_arch_ lists ~300 class names; the fork names the missing field and the fix."""
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "model.safetensors").symlink_to(trained_pair / "drafter" / "model.safetensors")
+    config = json.loads((trained_pair / "drafter" / "config.json").read_text())
+    del config["architectures"]
+    (drafter / "config.json").write_text(json.dumps(config))
+    error = engine_config(trained_pair / "target", drafter)["error"]
+    assert "no architectures in config.json" in error and "Supported architectures" not in error
+    assert 'Fix: write architectures: ["LlamaForCausalLMEagle3"]' in error
