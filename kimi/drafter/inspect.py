@@ -471,16 +471,16 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
 
 
 def architectures_findings(cfg: dict, fmt: str) -> list[Finding]:
-    """A malformed or missing ``architectures`` (a speculators config needs none): without one, vLLM 0.32.0's
-    ``SpeculativeConfig.update_arch_`` stops with "Model architectures [...] are not supported" and every class it
-    has, before the hook's other checks run."""
+    """A malformed or missing ``architectures`` (a speculators config needs none): without one, vLLM 0.32.0 stops
+    while it builds the draft config (``SpeculativeConfig.update_arch_``: "Model architectures [...] are not
+    supported" and every class it has; ``hf_config_override``: a TypeError for an MLA config)."""
     fix = f"write architectures: [\"{default_architecture(cfg)}\"] in config.json (`kimi drafter convert` writes it)"
     if "architectures" in cfg and architectures(cfg) != cfg["architectures"]:
         return [finding("config", f"architectures must be a list of class names, not {cfg['architectures']!r}", fix)]
     if not architectures(cfg) and fmt != "speculators":
         return [finding("architectures", "no architectures in config.json: vLLM 0.32.0 cannot pick the drafter class "
-                        "and stops with \"Model architectures [...] are not supported\", listing every class it has",
-                        fix)]
+                        "and stops with \"Model architectures [...] are not supported\", listing every class it has "
+                        "(an MLA config: a TypeError)", fix)]
     return []
 
 

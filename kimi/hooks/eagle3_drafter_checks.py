@@ -90,22 +90,25 @@ def _checkpoint(model: str, revision: str | None, hf_config: Any) -> Checkpoint:
         raise DrafterConfigError(f"EAGLE-3 drafter {model}: {exc}") from None
 
 
-def check_drafter_architectures(spec_config: Any) -> None:
-    """Refuse an EAGLE-3 drafter whose ``config.json`` names no (or malformed) ``architectures``, before vLLM's
-    ``EAGLEConfig`` makes a class name of nothing and ``update_arch_`` lists every class it has instead of the fix
-    (called by patch 0004 ahead of that; :func:`kimi.drafter.inspect.architectures_findings`).
+def check_drafter_architectures(model: str) -> None:
+    """Refuse the EAGLE-3 drafter folder ``model`` when its ``config.json`` names no (or malformed)
+    ``architectures``, before vLLM builds the draft config from it: a Llama-style one would make ``update_arch_``
+    list every class vLLM has, an MLA one fails in ``hf_config_override`` with a ``TypeError`` (called by patch 0004;
+    :func:`kimi.drafter.inspect.architectures_findings`). A drafter not on this machine is left to vLLM.
 
     Raises:
         DrafterConfigError: the problem and its fix.
     """
-    draft = spec_config.draft_model_config
-    path = Path(draft.model)
-    if not (path / "config.json").is_file():  # not local: left to vLLM
+    path = Path(model)
+    if not (path / "config.json").is_file():
         return
-    config = read_config(path)
+    try:
+        config = read_config(path)
+    except KimiError as exc:
+        raise DrafterConfigError(f"EAGLE-3 drafter {model}: {exc}") from None
     problems = architectures_findings(config, detect_format(Checkpoint(path=path, config=config))[0])
     if problems:
-        raise DrafterConfigError(f"EAGLE-3 drafter {draft.model}: {problems[0].text}. Fix: {problems[0].fix}.")
+        raise DrafterConfigError(f"EAGLE-3 drafter {model}: {problems[0].text}. Fix: {problems[0].fix}.")
 
 
 def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
