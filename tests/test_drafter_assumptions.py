@@ -1,9 +1,10 @@
-"""``kimi/drafter/assumptions.py``: every lying copy of a good drafter is named by ``kimi drafter inspect`` (and refused
-by ``vllm serve``'s start-up check where the entry says so); every valid variant is passed without a word.
+"""``kimi/drafter/assumptions.py``: the entries are described and the table has a row for each. That every lying
+copy is named (and refused where the entry says so) and every valid variant passed, by ``kimi drafter inspect`` and
+by the serve-time check, is ``tests/test_drafter_corpus.py``.
 
 Good drafters: the shipped pair's Llama-style drafter (``models/pair``) and a small MLA-style one written here
-(``tests/drafters.py``) at the pair target's dimensions, both against the pair's target. No torch; what upstream
-does with the same copies is ``tests/patches/test_drafter_assumptions_upstream.py``.
+(``tests/drafters.py``) at the pair target's dimensions, both against the pair's target. What upstream does with
+the same copies is ``tests/patches/test_drafter_assumptions_upstream.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from conftest import ROOT
 from drafters import mla_drafter
 
 pytest.importorskip("safetensors")
+pytest.importorskip("torch")
 
 from kimi.drafter.assumptions import (  # noqa: E402
     ASSUMPTIONS,
@@ -24,10 +26,8 @@ from kimi.drafter.assumptions import (  # noqa: E402
     SERVES_SAME,
     assumption_table,
     make_copy,
-    message,
 )
 from kimi.drafter.inspect import inspect  # noqa: E402
-from kimi.hooks.eagle3_drafter_checks import SERVE_BLOCKING  # noqa: E402
 
 PAIR = ROOT / "models" / "pair"
 TARGET = PAIR / "target"
@@ -42,28 +42,10 @@ def drafters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"llama": PAIR / "drafter", "mla": mla}
 
 
-CASES = [(entry, style) for entry in ASSUMPTIONS for style in ("llama", "mla") if entry.layout in ("any", style)]
-
-
 def test_the_good_drafters_have_nothing_to_report(drafters: dict[str, Path]) -> None:
     for path in drafters.values():
         report = inspect(path, TARGET)
         assert report.problems == [] and report.notes == [], (path, report.problems, report.notes)
-
-
-@pytest.mark.parametrize("entry, style", CASES, ids=[f"{e.name}-{s}" for e, s in CASES])
-def test_lying_copy_is_named_and_valid_variant_passes(entry, style: str, drafters: dict[str, Path],
-                                                      tmp_path: Path) -> None:
-    drafter = drafters[style]
-    if not entry.applies(drafter, TARGET):
-        pytest.skip(f"{entry.name} does not fit the {style} drafter")
-    report = inspect(make_copy(entry, drafter, TARGET, tmp_path / "copy"), TARGET)
-    said, refused = message(report), report.blocking(SERVE_BLOCKING)
-    if entry.valid:
-        assert said == "" and refused == [], said
-    else:
-        assert entry.needle in said, said
-        assert bool(refused) == entry.refused, (entry.refused, refused)
 
 
 def test_every_entry_is_described() -> None:
@@ -73,6 +55,7 @@ def test_every_entry_is_described() -> None:
         assert entry.outcome in OUTCOMES and entry.reads and entry.upstream, entry.name
         if entry.valid:
             assert not entry.refused and entry.outcome in (SERVES, SERVES_SAME), entry.name
+        assert bool(entry.fix) == entry.refused, entry.name  # every refusal says its own fix
     assert sum(entry.valid for entry in ASSUMPTIONS) >= 8
 
 
@@ -81,7 +64,8 @@ def test_the_table_has_a_row_per_entry(drafters: dict[str, Path]) -> None:
     assert [row["name"] for row in rows] == [e.name for e in ASSUMPTIONS if e.applies(drafters["llama"], TARGET)]
     for row in rows:
         assert set(row) == {"name", "reads", "upstream_behaviour", "message", "valid", "refused"}
-        assert (row["message"] == "") == row["valid"], row
+        assert bool(row["message"]) or row["valid"], row
+        assert not (row["valid"] and row["refused"]), row
         assert row["upstream_behaviour"].split(":")[0] in OUTCOMES, row
     assert {r["name"] for r in rows if r["refused"]} >= {"tensor-absent", "d2t-absent", "lm-head-absent"}
 
