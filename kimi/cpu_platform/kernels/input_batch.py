@@ -175,6 +175,7 @@ def post_update(
     draft_tokens_ptr: torch.Tensor | None,
     draft_tokens_out_ptr: torch.Tensor | None,
     num_draft_tokens: int,
+    **launch_options: object,
 ) -> None:
     """Per-request state update after a step, for rows with ``idx_mapping >= 0``: copy the drafts
     to ``draft_tokens_out[req_state]``; append the ``num_sampled`` sampled tokens to
@@ -235,7 +236,8 @@ def post_update_num_computed_tokens(
     """
     num_reqs = idx_mapping_ptr.shape[0]
     starts, ends = _query_bounds(query_start_loc_ptr, num_reqs)
-    num_computed_tokens_ptr.index_add_(0, idx_mapping_ptr.to(torch.int64), (ends - starts).to(num_computed_tokens_ptr.dtype))
+    query_len = (ends - starts).to(num_computed_tokens_ptr.dtype)
+    num_computed_tokens_ptr.index_add_(0, idx_mapping_ptr.to(torch.int64), query_len)
 
 
 def expand_idx_mapping(

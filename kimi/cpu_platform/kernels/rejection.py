@@ -83,6 +83,7 @@ def flatten_sampled(
     sampled_stride: int,
     num_sampled_ptr: torch.Tensor,
     cu_num_logits_ptr: torch.Tensor,
+    **launch_options: object,
 ) -> None:
     """Pack each request's ``num_sampled`` tokens into ``flat_sampled`` at its logits offset.
 
@@ -197,6 +198,7 @@ def rejection(
     SYNTHETIC_MODE: bool,
     USE_BLOCK_VERIFICATION: bool,
     FLY_WINDOW_SIZE: int,
+    **launch_options: object,
 ) -> None:
     """Verify each request's drafts in order until the first rejection.  Greedy requests accept a
     draft equal to the target argmax and store the argmax at the rejected step; others accept
@@ -397,6 +399,7 @@ def insert_resampled(
     expanded_idx_mapping_ptr: torch.Tensor,
     temp_ptr: torch.Tensor,
     PADDED_RESAMPLE_NUM_BLOCKS: int,
+    **launch_options: object,
 ) -> None:
     """Second stage of resampling: ``num_sampled += 1`` for every request, and (except for greedy
     requests that rejected a draft) ``sampled[r, num_sampled]`` = the token of the winning block

@@ -44,9 +44,9 @@ def prepare_prefill_inputs(
     starts = query_start_loc_ptr[:num_reqs].to(torch.int64)
     ends = query_start_loc_ptr[1 : num_reqs + 1].to(torch.int64)
     query_len = ends - starts - num_rejected_ptr[:num_reqs].to(torch.int64)
-    next_token = torch.where(
-        num_sampled_ptr[:num_reqs] > 0, last_sampled_ptr[req].to(torch.int32), next_prefill_tokens_ptr[req].to(torch.int32)
-    )
+    sampled_token = last_sampled_ptr[req].to(torch.int32)
+    prompt_token = next_prefill_tokens_ptr[req].to(torch.int32)
+    next_token = torch.where(num_sampled_ptr[:num_reqs] > 0, sampled_token, prompt_token)
 
     row, offset = ragged_rows(query_len)
     tokens = starts[row] + offset
