@@ -1,0 +1,102 @@
+"""Step cost of two CPU paths side by side: the mainline's compiled one and the torch-only platform on 0.34.0.
+
+    python3 benchmarks/cpu_paths.py --path compiled-0.32=.venv/bin/python \\
+        --path torch-0.34=.kimi/envs/next/.venv/bin/python [--models models/pair] [--prompts 8] [--tokens 32]
+
+The first ``--path`` is the baseline. For each round and each path: no speculation, then EAGLE-3 with the
+pair's drafter at ``--k``; each measurement in a fresh child process of that path's python
+(``kimi.bench.cpu_paths``). Writes ``cpu_paths.json`` and ``cpu_paths.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kimi.bench.hardware import cpu_name  # noqa: E402
+from kimi.bench.results import header, stamp, write_json, write_lines  # noqa: E402
+
+SETTINGS = ("nospec", "eagle3")
+
+
+def parse_path(text: str) -> tuple[str, str]:
+    name, sep, python = text.partition("=")
+    if not sep or not name or not python:
+        raise argparse.ArgumentTypeError(f"--path wants NAME=PYTHON, not {text!r}")
+    if not Path(python).is_file():
+        raise argparse.ArgumentTypeError(f"--path {name}: no interpreter at {python}")
+    return name, python
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", type=parse_path, action="append", default=[], metavar="NAME=PYTHON")
+    parser.add_argument("--models", type=Path, default=ROOT / "models/pair")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        from kimi.bench.cpu_paths import measure
+
+        job = json.loads(args.measure)
+        print(json.dumps(measure(**job)))
+        return 0
+    if len(args.path) < 2:
+        parser.error("give two or more --path NAME=PYTHON (the first is the baseline)")
+    if len({name for name, _ in args.path}) != len(args.path):
+        parser.error("--path names must differ")
+    from kimi.bench.cpu_paths import run_child, summarize
+    from kimi.e2e.engine import tokenize
+    from kimi.e2e.prompts import code_prompts
+
+    target, drafter = str(args.models / "target"), str(args.models / "drafter")
+    prompt_ids = tokenize(target, code_prompts(args.prompts))
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
+    runs: dict = {}
+    for number in range(args.rounds):
+        for name, python in args.path:
+            for setting in SETTINGS:
+                job = {"target": target, "drafter": drafter if setting == "eagle3" else None, "k": args.k,
+                       "prompt_ids": prompt_ids, "tokens": args.tokens}
+                began = time.monotonic()
+                result = run_child(python, __file__, job, env, args.timeout)
+                runs.setdefault((name, setting), []).append(result)
+                print(f"round {number + 1}: {name} {setting}: {result['step_ms']} ms/step, tau {result['tau']}"
+                      f" ({time.monotonic() - began:.0f} s)", flush=True)
+    rows = summarize(runs, args.path[0][0])
+    out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:]), "cpu": cpu_name(), "cores": os.cpu_count(),
+           "python": platform.python_version(), "prompts": args.prompts, "tokens": args.tokens, "k": args.k,
+           "paths": dict(args.path), "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "cpu_paths.json", out)
+    lines = header("CPU paths side by side: step cost, tau, lossless", out["command"], out["date"])
+    lines += [(f"- machine: {out['cpu']}, {out['cores']} cores; {args.prompts} prompts x {args.tokens} tokens "
+              f"in one batch, float32, eager, k = {args.k}, {args.rounds} rounds (median)"), "",
+              "| path | vLLM | setting | ms/step | x baseline | steps | tau | lossless | same tokens as baseline |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['path']} | {row['vllm']} | {row['setting']} | {row['step_ms']:.1f} | "
+                     f"{row['step_ratio']:.2f} | {row['steps']} | {row['tau'] or '-'} | "
+                     f"{'-' if row['lossless'] is None else row['lossless']} | {row['same_as_baseline']} |")
+    lines += ["", ("Not shown: throughput under concurrency (one batch only), start-up cost (`start_s` in the JSON), "
+              "serving overheads.")]
+    write_lines(args.out / "cpu_paths.md", lines)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
