@@ -106,7 +106,7 @@ def combine_sampled_and_draft_tokens(
     requests past their prompt, write the last sampled token and the draft tokens into the tail
     of the request's ``input_ids`` slice.
 
-    input_ids [num_tokens] int32; idx_mapping [num_reqs]; last_sampled_tokens [max_num_reqs];
+    input_ids [num_tokens] int32; idx_mapping [num_reqs]; last_sampled_tokens [max_num_reqs] (or [max_num_reqs, 1]);
     seq_lens [num_reqs]; prefill_len [max_num_reqs]; draft_tokens [max_num_reqs, num_spec];
     cu_num_logits [num_reqs + 1]; logits_indices [num_logits] int64.  At most BLOCK_SIZE logits and
     drafts per request are handled, as upstream.
@@ -127,7 +127,9 @@ def combine_sampled_and_draft_tokens(
     generating = seq_len > prefill_len
     if NUM_NEW_SAMPLED_TOKENS > 0:
         rows = (generating & (seq_len - num_logits >= prefill_len)).nonzero().squeeze(1)
-        input_ids_ptr[logits_start[rows]] = last_sampled_tokens_ptr[req[rows]].to(input_ids_ptr.dtype)
+        # upstream reads ``last_sampled_tokens_ptr + req_state_idx``: flat, whatever the tensor's shape
+        # (the runner's is [max_num_reqs, 1])
+        input_ids_ptr[logits_start[rows]] = last_sampled_tokens_ptr.reshape(-1)[req[rows]].to(input_ids_ptr.dtype)
     num_drafts = torch.where(generating, num_logits - NUM_NEW_SAMPLED_TOKENS, 0).clamp(0, BLOCK_SIZE)
     row, offset = ragged_rows(num_drafts)
     input_ids_ptr[query_end[row] - num_drafts[row] + offset] = draft_tokens_ptr[req[row], offset].to(
@@ -202,9 +204,8 @@ def post_update(
     has_sampled = num_sampled > 0
     last_col = (num_sampled - 1).clamp_min(0)
     last_token = sampled_tokens_ptr[rows, last_col]
-    last_sampled_tokens_ptr[req] = torch.where(has_sampled, last_token, last_sampled_tokens_ptr[req]).to(
-        last_sampled_tokens_ptr.dtype
-    )
+    last_sampled = last_sampled_tokens_ptr.view(-1)  # upstream stores at ``ptr + req_state_idx``
+    last_sampled[req] = torch.where(has_sampled, last_token, last_sampled[req]).to(last_sampled.dtype)
     total_len_ptr[req] = (total_len + num_sampled).to(total_len_ptr.dtype)
 
     row, offset = ragged_rows(num_sampled)

@@ -44,9 +44,12 @@ def prepare_prefill_inputs(
     starts = query_start_loc_ptr[:num_reqs].to(torch.int64)
     ends = query_start_loc_ptr[1 : num_reqs + 1].to(torch.int64)
     query_len = ends - starts - num_rejected_ptr[:num_reqs].to(torch.int64)
-    sampled_token = last_sampled_ptr[req].to(torch.int32)
-    prompt_token = next_prefill_tokens_ptr[req].to(torch.int32)
-    next_token = torch.where(num_sampled_ptr[:num_reqs] > 0, sampled_token, prompt_token)
+    # each source is read only for the rows that take it, as upstream's branch does: the other one may
+    # not cover the row's state index (the dummy batches of start-up)
+    sampled = num_sampled_ptr[:num_reqs] > 0
+    next_token = torch.empty(num_reqs, dtype=torch.int32)
+    next_token[sampled] = last_sampled_ptr.view(-1)[req[sampled]].to(torch.int32)
+    next_token[~sampled] = next_prefill_tokens_ptr.view(-1)[req[~sampled]].to(torch.int32)
 
     row, offset = ragged_rows(query_len)
     tokens = starts[row] + offset

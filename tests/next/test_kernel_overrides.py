@@ -19,7 +19,6 @@ checked bit for bit.
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import inspect
 import os
 from contextlib import contextmanager
@@ -27,28 +26,15 @@ from types import SimpleNamespace
 
 import pytest
 
-# Triton picks the interpreter when a kernel is decorated: set before vLLM's kernels import.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from conftest import installed_line
 
+pytestmark = pytest.mark.line("next")
+NEXT_INSTALLED = installed_line() == "next"
 
-def _vllm_version() -> str | None:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-VLLM_VERSION = _vllm_version()
-pytestmark = pytest.mark.skipif(
-    not (VLLM_VERSION or "").startswith("0.34.0"),
-    reason=f"the torch kernel overrides target vLLM 0.34.0's V2 model runner; installed vLLM: {VLLM_VERSION}",
-)
-
-if (VLLM_VERSION or "").startswith("0.34.0"):
+if NEXT_INSTALLED:
+    # Triton picks the interpreter when a kernel is decorated: set before vLLM's kernels import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
-
-    from kimi.cpu_platform.kernels import OVERRIDES
-    from kimi.cpu_platform.kernels import gumbel as our_gumbel
     from vllm.triton_utils import dispatcher
     from vllm.v1.worker.gpu import block_table as up_block_table
     from vllm.v1.worker.gpu import buffer_utils as up_buffer_utils
@@ -57,6 +43,9 @@ if (VLLM_VERSION or "").startswith("0.34.0"):
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler as up_rejection_sampler
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as up_rejection_utils
     from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as up_speculator
+
+    from kimi.cpu_platform.kernels import OVERRIDES
+    from kimi.cpu_platform.kernels import gumbel as our_gumbel
 
 
 # ---------------------------------------------------------------------------------------------
