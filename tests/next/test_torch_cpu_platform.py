@@ -1,6 +1,6 @@
 """The torch-only CPU platform on vLLM 0.34.0 (the next line, patches 0023 and 0024): chosen by vLLM's
-platform plugin entry point, refusing what it cannot run before any weights load, and serving the shipped
-pair with EAGLE-3 losslessly on Model Runner V2.
+platform plugin entry point, refusing what it cannot run before any weights load, and serving EAGLE-3
+losslessly on Model Runner V2 with both drafter styles.
 
 Run with ``python3 -m kimi test --line next``; elsewhere the ``line("next")`` marker skips it. Engines run in
 child processes (vLLM's platform and distributed state are per process).
@@ -8,10 +8,6 @@ child processes (vLLM's platform and distributed state are per process).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -19,101 +15,104 @@ from types import SimpleNamespace
 
 import pytest
 
+from engine_script import make_reference_models, run_engine_script
+
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "models" / "pair"
 
 pytestmark = pytest.mark.line("next")
 
 
-def _child(code: str, env: dict[str, str | None] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run ``code`` in a child python; ``env`` entries override this process's (None: removed)."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
-    full_env = {key: value for key, value in full_env.items() if value is not None}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=ROOT)
-
-
-def _last_json(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+def _run(code: str, env: dict[str, str | None] | None = None, timeout: int = 1200) -> dict:
+    return run_engine_script(textwrap.dedent(code), env=env, timeout=timeout)
 
 
 def test_the_plugin_chooses_the_platform_and_triton_interprets():
-    found = _last_json(_child("""
+    found = _run("""
         import json, os
         import vllm.platforms as platforms
         from vllm.triton_utils import HAS_TRITON
-        import vllm._custom_ops  # noqa: F401  (imports kernels modules; must not need vllm._C)
-        print(json.dumps({"platform": type(platforms.current_platform).__name__, "has_triton": HAS_TRITON,
-                          "interpret": os.environ.get("TRITON_INTERPRET")}))
-    """, env={"TRITON_INTERPRET": None}))
+        print("RESULT", json.dumps({"platform": type(platforms.current_platform).__name__, "has_triton": HAS_TRITON,
+                                    "interpret": os.environ.get("TRITON_INTERPRET")}))
+    """, env={"TRITON_INTERPRET": None})
     assert found == {"platform": "TorchCpuPlatform", "has_triton": True, "interpret": "1"}
 
 
-def _engine_config_error(extra: str, env: dict[str, str] | None = None) -> tuple[str, float]:
-    """Build the engine config of the pair's target with ``extra`` EngineArgs keywords in a child; returns the
-    error message and the seconds it took (nothing is loaded: the config alone)."""
+def _engine_config(extra: str = "", env: dict[str, str | None] | None = None) -> tuple[dict, float]:
+    """Build the engine config of the pair's target with ``extra`` EngineArgs keywords in a child: its error or
+    its custom ops, and the seconds it took (no weights are read: the config alone)."""
     began = time.monotonic()
-    proc = _child(f"""
+    found = _run(f"""
+        import json
         from vllm.engine.arg_utils import EngineArgs
         try:
-            EngineArgs(model="{PAIR / 'target'}", dtype="float32", enforce_eager=True, {extra}).create_engine_config()
+            config = EngineArgs(model="{PAIR / 'target'}", dtype="float32", enforce_eager=True,
+                                {extra}).create_engine_config()
         except ValueError as exc:
-            print("REFUSED", exc)
+            print("RESULT", json.dumps({{"refused": str(exc)}}))
         else:
-            print("ACCEPTED")
+            print("RESULT", json.dumps({{"custom_ops": config.compilation_config.custom_ops}}))
     """, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout, time.monotonic() - began
+    return found, time.monotonic() - began
 
 
 def test_a_quantized_kv_cache_is_refused_with_the_fix_before_any_load():
-    out, seconds = _engine_config_error('kv_cache_dtype="fp8"')
-    assert "REFUSED" in out and "--kv-cache-dtype fp8" in out and "leave it at auto" in out
+    found, seconds = _engine_config('kv_cache_dtype="fp8"')
+    assert "--kv-cache-dtype fp8" in found["refused"] and "leave it at auto" in found["refused"]
     assert seconds < 120
 
 
-def test_triton_interpret_off_is_refused_with_the_fix():
-    out, _ = _engine_config_error("", env={"TRITON_INTERPRET": "0"})
-    assert "REFUSED" in out and "TRITON_INTERPRET=1" in out
+@pytest.mark.parametrize(("variable", "value", "fix"), [("TRITON_INTERPRET", "0", "TRITON_INTERPRET=1"),
+                                                        ("KIMI_CPU_KERNELS", "fast", "torch, interpreter")])
+def test_a_bad_environment_is_refused_with_the_fix(variable, value, fix):
+    found, _ = _engine_config(env={variable: value})
+    assert fix in found["refused"]
 
 
 def test_the_plain_pair_config_is_accepted_with_torch_custom_ops():
-    proc = _child(f"""
-        from vllm.engine.arg_utils import EngineArgs
-        config = EngineArgs(model="{PAIR / 'target'}", dtype="float32", enforce_eager=True).create_engine_config()
-        print(config.compilation_config.custom_ops)
-    """, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.strip().splitlines()[-1] == "['none']"
+    found, _ = _engine_config()
+    assert found == {"custom_ops": ["none"]}
 
 
-def test_quantized_models_are_refused_by_role():
+def test_quantized_models_are_refused_by_role(monkeypatch):
     from kimi.cpu_platform.platform import refusals
 
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("KIMI_CPU_KERNELS", raising=False)
     config = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"),
-                             model_config=SimpleNamespace(quantization="fp8"),
-                             speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(quantization=None)))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")
-        found = refusals(config)
-    assert len(found) == 1 and "the target is quantized (fp8)" in found[0] and "unquantized checkpoint" in found[0]
+                             model_config=SimpleNamespace(quantization=None),
+                             speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(quantization="fp8")))
+    found = refusals(config)
+    assert len(found) == 1 and "the draft model is quantized (fp8)" in found[0]
+
+
+LOSSLESS = """
+    import json
+    from kimi.e2e.engine import tokenize, vllm_greedy
+    from kimi.e2e.presets import CPU_EAGER
+    from kimi.e2e.prompts import code_prompts
+    ids = tokenize("{tokenizer}", code_prompts(3))
+    plain = vllm_greedy("{target}", ids, 24, None, **CPU_EAGER)
+    spec = {{"method": "eagle3", "model": "{drafter}", "num_speculative_tokens": 3}}
+    eagle = vllm_greedy("{target}", ids, 24, spec, **CPU_EAGER)
+    print("RESULT", json.dumps({{"same": plain.tokens == eagle.tokens, "lengths": [len(t) for t in eagle.tokens],
+                                 "counters": eagle.counters}}))
+"""
 
 
 def test_eagle3_on_the_v2_runner_is_lossless_and_accepts_drafts():
-    found = _last_json(_child(f"""
-        import json
-        from kimi.e2e.engine import tokenize, vllm_greedy
-        from kimi.e2e.presets import CPU_EAGER
-        from kimi.e2e.prompts import code_prompts
-        target = "{PAIR / 'target'}"
-        ids = tokenize(target, code_prompts(3))
-        plain = vllm_greedy(target, ids, 24, None, **CPU_EAGER)
-        spec = {{"method": "eagle3", "model": "{PAIR / 'drafter'}", "num_speculative_tokens": 3}}
-        eagle = vllm_greedy(target, ids, 24, spec, **CPU_EAGER)
-        print(json.dumps({{"same": plain.tokens == eagle.tokens, "lengths": [len(t) for t in eagle.tokens],
-                           "counters": eagle.counters}}))
-    """))
+    target = PAIR / "target"
+    found = _run(LOSSLESS.format(tokenizer=target, target=target, drafter=PAIR / "drafter"))
     assert found["same"], "EAGLE-3 changed greedy output"
     assert found["lengths"] == [24, 24, 24]
     assert found["counters"]["num_accepted_tokens"] > 0, found["counters"]
+
+
+def test_the_mla_drafter_runs_lossless(tmp_path_factory):
+    """The kimi_k2 MLA drafter (patch 0005) beside the MLA target: drafts made and verified, output unchanged
+    (the reference drafter has random weights, so drafts are seldom accepted)."""
+    models = make_reference_models(tmp_path_factory.mktemp("next") / "reference")
+    target = models / "target"
+    found = _run(LOSSLESS.format(tokenizer=target, target=target, drafter=models / "drafter-mla"))
+    assert found["same"] and found["lengths"] == [24, 24, 24]
+    assert found["counters"]["num_drafts"] > 0
