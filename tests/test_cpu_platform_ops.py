@@ -110,21 +110,6 @@ def test_paged_attention_refuses_what_it_does_not_compute(name, kwargs):
     assert name.split("=")[0] in str(info.value)
 
 
-def test_mla_decode_equals_dense_latent_attention():
-    lora, rope, heads, block = 64, 16, 3, 16
-    gen = torch.Generator().manual_seed(2)
-    seq_lens = [3, 20]
-    cache = torch.randn(6, block, lora + rope, generator=gen)
-    table = torch.tensor([[4, 0], [1, 5]], dtype=torch.int32)
-    q = torch.randn(2, heads, lora + rope, generator=gen)
-    out = torch.empty(2, heads, lora)
-    ops.mla_decode_kvcache(out, q, cache, 0.125, table, torch.tensor(seq_lens, dtype=torch.int32))
-    for r, seq in enumerate(seq_lens):
-        rows = cache[table[r].long()].reshape(-1, lora + rope)[:seq].double()
-        probs = torch.softmax(q[r].double() @ rows.t() * 0.125, -1)
-        torch.testing.assert_close(out[r].double(), probs @ rows[:, :lora], rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("skip_weighted", [False, True])
 def test_fused_moe_equals_per_token_experts(skip_weighted):
     tokens, hidden, inter, experts, top = 7, 12, 5, 4, 2

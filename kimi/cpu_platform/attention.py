@@ -3,7 +3,7 @@
 vLLM's ``CPU_ATTN`` backend with its compiled ops replaced by ``kimi.cpu_platform.ops``: the cache
 layout, metadata and call sites stay upstream's; only head and block sizes widen, since the torch ops take any
 (the compiled kernels take head sizes from 32 and blocks of 32; the reference pair's drafter has heads of
-48, and CPU_MLA beside it wants blocks of 16).
+48, and vLLM's CPU platform gives MLA models blocks of 16).
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 vLLM's CPU backend calls compiled ops from ``vllm._C`` (``csrc/cpu/torch_bindings.cpp``). A vLLM
 installed without kernels has no ``vllm._C``; :func:`register` defines the ops the EAGLE-3 path needs
-under the same names and schemas, written in torch, so upstream's CPU attention, CPU MLA and CPU MoE
-code runs unchanged. Schemas are copied from the binding file's ``ops.def`` strings (facts of the API).
+under the same names and schemas, written in torch, so upstream's CPU attention and CPU MoE code runs
+unchanged (MLA layers use the fork's own torch backend, ``kimi.cpu_mla``). Schemas are copied from the
+binding file's ``ops.def`` strings (facts of the API).
 
 Layouts (vLLM's, as its CPU kernels read them):
 
 - CPU attention cache: ``[num_blocks, num_kv_heads, 2 * block_size, head_size]`` viewed by the caller
   as ``key_cache`` / ``value_cache`` ``[num_blocks, num_kv_heads, block_size, head_size]``; a token's
   slot is ``block_id * block_size + offset``, slot ``-1`` is padding.
-- MLA latent cache: ``[num_blocks, block_size, kv_lora_rank + rope_dim]`` (see ``kimi.cpu_mla.ops``).
 - MoE weights: ``w13`` ``[E, 2 * I, H]`` (gate rows then up rows), ``w2`` ``[E, H, I]``.
 """
 
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kimi.cpu_mla.ops import paged_latent_attention
 
 # name -> schema, for every op this module implements (schemas of vLLM's csrc/cpu/torch_bindings.cpp).
 SCHEMAS = {
@@ -41,10 +39,6 @@ SCHEMAS = {
         "Tensor? alibi_slopes, SymInt sliding_window_size, Tensor block_table, float softcap, "
         "Tensor scheduler_metadata, Tensor? s_aux, Tensor? dynamic_causal, float k_scale=1.0, "
         'float v_scale=1.0, str kv_cache_dtype="auto") -> ()'
-    ),
-    "mla_decode_kvcache": (
-        "mla_decode_kvcache(Tensor! out, Tensor query, Tensor kv_cache, float scale, "
-        "Tensor block_tables, Tensor seq_lens) -> ()"
     ),
     "prepack_moe_weight": "prepack_moe_weight(Tensor weight, Tensor(a1!) packed_weight, str isa) -> ()",
     "cpu_fused_moe": (
@@ -167,22 +161,6 @@ def cpu_attention_with_kv_cache(query: torch.Tensor, key_cache: torch.Tensor, va
         scores.masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         output[begin:end] = torch.matmul(probs, values.float()).transpose(0, 1).to(output.dtype)
-
-
-def mla_decode_kvcache(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, scale: float,
-                       block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """Absorbed-MLA decode, one query token per request over its whole latent cache, into ``out``.
-
-    Args:
-        out: ``[B, H, kv_lora_rank]``; query: ``[B, H, kv_lora_rank + rope]``.
-        kv_cache: ``[num_blocks, block_size, kv_lora_rank + rope]``; block_tables ``[B, max_blocks]``;
-            seq_lens ``[B]``.
-    """
-    batch = query.shape[0]
-    query_start_loc = torch.arange(batch + 1, dtype=torch.int32)
-    result, _ = paged_latent_attention(query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
-                                       out.shape[-1])
-    out.copy_(result)
 
 
 def prepack_moe_weight(weight: torch.Tensor, packed_weight: torch.Tensor, isa: str) -> None:

@@ -5,8 +5,9 @@ What it changes on vLLM's ``CpuPlatform``:
 - ``import_kernels``: the ``torch.ops._C`` ops of the CPU path, in torch (:mod:`kimi.cpu_platform.ops`);
 - ``register_triton_kernel_overrides``: Model Runner V2's Triton kernels on the hot path, in torch
   (:data:`kimi.cpu_platform.kernels.OVERRIDES`); the rest run in Triton's interpreter;
-- ``get_attn_backend_cls``: vLLM's ``CPU_MLA`` for MLA layers (its decode op from ``ops``), the torch
-  attention backend (:mod:`kimi.cpu_platform.attention`) for the others;
+- ``get_attn_backend_cls``: the fork's ``CPU_MLA`` (:mod:`kimi.cpu_mla`: prefill, decode and the k + 1
+  tokens of EAGLE verification on one paged torch path) for MLA layers, the torch attention backend
+  (:mod:`kimi.cpu_platform.attention`) for the others;
 - ``check_and_update_config``: custom ops run their torch code, and what the torch code does not compute
   is refused with the fix named, while the config is built (before any weights load).
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "kimi.cpu_platform.attention.TorchCpuAttentionBackend"
+MLA_BACKEND = "kimi.cpu_mla.backend.CpuMLABackend"
 #: ``torch`` (default): the runner's Triton kernels in torch; ``interpreter``: all of them in Triton's interpreter
 #: (slow; to tell an override's fault from upstream's).
 KERNELS_ENV = "KIMI_CPU_KERNELS"
@@ -81,7 +83,7 @@ class TorchCpuPlatform(CpuPlatform):
     def get_attn_backend_cls(cls, selected_backend: AttentionBackendEnum,
                              attn_selector_config: AttentionSelectorConfig, num_heads: int | None = None) -> str:
         if attn_selector_config.use_mla:
-            return AttentionBackendEnum.CPU_MLA.get_path()
+            return MLA_BACKEND
         return ATTENTION_BACKEND
 
     @classmethod
