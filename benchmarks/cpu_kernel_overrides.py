@@ -1,13 +1,15 @@
 """Per-kernel time of the CPU platform's torch overrides against the Triton kernels in Triton's interpreter.
 
-    TRITON_INTERPRET=1 python benchmarks/cpu_kernel_overrides.py [num_reqs ...]
+    .kimi/envs/next/.venv/bin/python benchmarks/cpu_kernel_overrides.py [num_reqs ...]   (the next line's venv)
 
-Drives the upstream launchers of tests/cpu_platform/test_kernel_overrides.py on one decode step's batch
-(3 speculative steps, vocab 4096) and prints the mean ms per launch of each kernel, both ways.
+Drives the upstream launchers of tests/next/test_kernel_overrides.py on one decode step's batch
+(3 speculative steps, vocab 4096) and records the mean ms per launch of each kernel, both ways, in
+``benchmarks/results/cpu_kernel_overrides.{json,md}``.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 import time
@@ -15,11 +17,15 @@ from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cpu_platform"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "next")]
 
 import pytest  # noqa: E402
 import test_kernel_overrides as t  # noqa: E402
 import torch  # noqa: E402
+
+from kimi.bench.hardware import cpu_name  # noqa: E402
+from kimi.bench.results import header, stamp, write_json, write_lines  # noqa: E402
 
 
 class Timed:
@@ -63,7 +69,10 @@ def step(num_reqs: int):
 
 
 def main() -> None:
-    for num_reqs in [int(a) for a in sys.argv[1:]] or [4, 32]:
+    counts = [int(a) for a in sys.argv[1:]] or [4, 32]
+    out = {**stamp("benchmarks/cpu_kernel_overrides.py", sys.argv[1:], python=".kimi/envs/next/.venv/bin/python"),
+           "cpu": cpu_name(), "vllm": importlib.metadata.version("vllm"), "torch": torch.__version__, "rows": []}
+    for num_reqs in counts:
         results = {}
         for impl in (False, True):
             times: dict[str, list[float]] = defaultdict(list)
@@ -74,10 +83,17 @@ def main() -> None:
                 for _ in range(3):
                     step(num_reqs)
             results[impl] = {k: 1e3 * sum(v) / len(v) for k, v in times.items()}
-        print(f"num_reqs={num_reqs}: ms per launch, interpreter -> torch")
-        for name in sorted(results[False]):
-            print(f"  {name:45s} {results[False][name]:9.2f} -> {results[True][name]:7.3f}")
-        print(f"  {'sum':45s} {sum(results[False].values()):9.2f} -> {sum(results[True].values()):7.3f}")
+        out["rows"] += [{"num_reqs": num_reqs, "kernel": name, "interpreter_ms": round(results[False][name], 3),
+                         "torch_ms": round(results[True][name], 4)} for name in sorted(results[False])]
+    write_json(ROOT / "benchmarks/results/cpu_kernel_overrides.json", out)
+    lines = header("Runner kernels: Triton's interpreter against the torch overrides (ms per launch)", out["command"],
+                   out["date"])
+    lines += [(f"- machine: {out['cpu']}; vLLM {out['vllm']}, torch {out['torch']}; one decode step with 3 speculative "
+              "tokens, vocab 4096, mean of 3 steps"), "", "| requests | kernel | interpreter | torch |", "|---|---|---|---|"]
+    lines += [f"| {r['num_reqs']} | {r['kernel']} | {r['interpreter_ms']:.2f} | {r['torch_ms']:.3f} |" for r in out["rows"]]
+    lines += ["", "Not shown: kernels off this path (left to the interpreter), the model's own time."]
+    write_lines(ROOT / "benchmarks/results/cpu_kernel_overrides.md", lines)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
