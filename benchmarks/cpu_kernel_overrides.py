@@ -88,9 +88,11 @@ def main() -> None:
     write_json(ROOT / "benchmarks/results/cpu_kernel_overrides.json", out)
     lines = header("Runner kernels: Triton's interpreter against the torch overrides (ms per launch)", out["command"],
                    out["date"])
-    lines += [(f"- machine: {out['cpu']}; vLLM {out['vllm']}, torch {out['torch']}; one decode step with 3 speculative "
-              "tokens, vocab 4096, mean of 3 steps"), "", "| requests | kernel | interpreter | torch |", "|---|---|---|---|"]
-    lines += [f"| {r['num_reqs']} | {r['kernel']} | {r['interpreter_ms']:.2f} | {r['torch_ms']:.3f} |" for r in out["rows"]]
+    lines += [(f"- machine: {out['cpu']}; vLLM {out['vllm']}, torch {out['torch']}; one decode step with 3 "
+               "speculative tokens, vocab 4096, mean of 3 steps"), "",
+              "| requests | kernel | interpreter | torch |", "|---|---|---|---|"]
+    lines += [f"| {r['num_reqs']} | {r['kernel']} | {r['interpreter_ms']:.2f} | {r['torch_ms']:.3f} |"
+              for r in out["rows"]]
     lines += ["", "Not shown: kernels off this path (left to the interpreter), the model's own time."]
     write_lines(ROOT / "benchmarks/results/cpu_kernel_overrides.md", lines)
     print("\n".join(lines))
