@@ -116,3 +116,21 @@ def test_the_mla_drafter_runs_lossless(tmp_path_factory):
     found = _run(LOSSLESS.format(tokenizer=target, target=target, drafter=models / "drafter-mla"))
     assert found["same"] and found["lengths"] == [24, 24, 24]
     assert found["counters"]["num_drafts"] > 0
+
+
+def test_seeded_sampling_with_eagle3_is_reproducible_in_any_batch_order():
+    """temperature 0.8 with a seed per request: the Gumbel and rejection-sampler overrides give each request the
+    same tokens whatever its place in the batch."""
+    found = _run(f"""
+        import json
+        from vllm import LLM, SamplingParams
+        from kimi.e2e.presets import CPU_EAGER
+        spec = {{"method": "eagle3", "model": "{PAIR / 'drafter'}", "num_speculative_tokens": 3}}
+        llm = LLM(model="{PAIR / 'target'}", speculative_config=spec, **CPU_EAGER)
+        params = [SamplingParams(temperature=0.8, seed=seed, max_tokens=24, ignore_eos=True) for seed in (1, 2, 3)]
+        prompts = ["def fibonacci(n):\\n", "import os\\n\\ndef walk(path):\\n", "class Stack:\\n"]
+        first = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        again = [o.outputs[0].token_ids for o in llm.generate(prompts[::-1], params[::-1], use_tqdm=False)][::-1]
+        print("RESULT", json.dumps({{"same": first == again, "distinct": len({{tuple(t) for t in first}})}}))
+    """)
+    assert found == {"same": True, "distinct": 3}
