@@ -23,12 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kimi.devenv import ensure_env
+from kimi.devenv import ensure_env, line_kernels
 from kimi.e2e.prompts import code_prompts
 from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
-from kimi.hooks.precompiled_fork_build import kernels_mode
 from kimi.log import sayer
 from kimi.models import SHIPPED_PAIR
 from kimi.models.shipped import check_pair
@@ -122,7 +121,7 @@ def demo(layout: Layout, line: str, venv: Path | None = None, kernels: str = "au
             raise KimiError(f"`kimi {' '.join(chosen.make)}` failed (exit {made.returncode}); its output is above")
     spec = {"method": "eagle3", "model": str(chosen.drafter), "num_speculative_tokens": k}
     log = layout.private / "logs" / "demo-serve.log"
-    args = [*SERVE_ARGS, *(CPU_SERVE_ARGS if kernels_mode(kernels) == "cpu" else []),
+    args = [*SERVE_ARGS, *(CPU_SERVE_ARGS if line_kernels(layout, line, kernels) != "cuda" else []),
             "--speculative-config", json.dumps(spec)]
     server = VllmServer(python.with_name("vllm"), str(chosen.target), args, log)
     say(f"serving {chosen.about}: `vllm serve {chosen.target}` with the EAGLE-3 drafter {chosen.drafter}, k = {k} "

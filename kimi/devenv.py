@@ -2,7 +2,8 @@
 
 ``setup``: ``kimi sync``; a virtual environment (``.venv``); the pinned torch
 and vLLM's build requirements; ``pip install --no-build-isolation -e .`` with
-kernels borrowed from the pinned wheel (see ``kimi/hooks/precompiled_fork_build.py``) and the
+kernels borrowed from the pinned wheel, or none (``torch`` kernels: see
+``kimi/hooks/precompiled_fork_build.py``), and the
 fork's tools (:data:`TOOLS`: matplotlib, for the PNG charts); a smoke run of
 ``vllm``.  pip's downloads are cached under ``.kimi/cache/pip`` and its output
 goes to ``.kimi/logs/`` (the tail is shown on failure).  An install is skipped
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +36,7 @@ import venv as venvlib
 from pathlib import Path
 
 from kimi.errors import KimiError
+from kimi.fork.fsutil import write_atomic
 from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import load_pin
 from kimi.fork.sync import sync
@@ -53,6 +56,9 @@ TEST_NO_DEPS = ("speculators==0.9.0", "hs-connectors==0.9.0", "datasets==5.1.0",
 #: What the fork's own tools need beyond vLLM's requirements, installed into every venv ``kimi setup`` makes:
 #: matplotlib draws the PNG charts of ``kimi train report`` and ``benchmarks/acceptance.py``.
 TOOLS = ("matplotlib",)
+#: What ``torch`` kernels (no compiled vLLM code) install beside the pin's torch: the package index's triton, whose
+#: interpreter runs the kernels the torch-only CPU platform leaves to Triton (``kimi.cpu_platform``).
+TORCH_MODE_EXTRAS = ("triton",)
 _REPORT_VERSION = "import vllm, vllm.platforms as p; print(vllm.__version__, p.current_platform.device_type or 'none')"
 
 
@@ -118,18 +124,27 @@ def line_layout(layout: Layout, line: str) -> Layout:
     return Layout(root=dest, cache=layout.cache)
 
 
-def _build_requirements(root: Path, mode: str) -> Path:
+def _build_requirements(layout: Layout, mode: str) -> Path:
     """vLLM's build requirements for ``mode``: ``requirements/build/<mode>.txt`` (0.2x), else
-    ``requirements/<mode>-build.txt`` / ``requirements/build.txt`` (0.16 - 0.18).
+    ``requirements/<mode>-build.txt`` / ``requirements/build.txt`` (0.16 - 0.18). ``torch`` mode takes the
+    CPU list without its torch lines (a copy in ``.kimi/``): the pin's torch is installed beside it.
 
     Raises:
         KimiError: none of them is in the laid tree.
     """
-    names = [f"build/{mode}.txt", f"{mode}-build.txt"] + (["build.txt"] if mode == "cuda" else [])
-    for name in names:
-        if (root / "requirements" / name).is_file():
-            return root / "requirements" / name
-    raise KimiError(f"no build requirements for {mode} in {root / 'requirements'} (looked for {', '.join(names)})")
+    kind = "cpu" if mode == "torch" else mode
+    names = [f"build/{kind}.txt", f"{kind}-build.txt"] + (["build.txt"] if kind == "cuda" else [])
+    found = next((layout.root / "requirements" / n for n in names if (layout.root / "requirements" / n).is_file()),
+                 None)
+    if found is None:
+        raise KimiError(f"no build requirements for {kind} in {layout.root / 'requirements'} "
+                        f"(looked for {', '.join(names)})")
+    if mode != "torch":
+        return found
+    kept = [line for line in found.read_text().splitlines() if not re.match(r"\s*torch\b", line)]
+    copy = layout.private / "build-requirements-torch.txt"
+    write_atomic(copy, "\n".join(kept) + "\n")
+    return copy
 
 
 def _install_key(layout: Layout, mode: str) -> str:
@@ -139,6 +154,16 @@ def _install_key(layout: Layout, mode: str) -> str:
     ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode, str(layout.root.resolve())],
                        sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def line_kernels(layout: Layout, line: str, kernels: str = "auto") -> str:
+    """The kernels mode ``kernels`` (``auto``, or a mode of ``kimi.hooks.precompiled_fork_build``) comes to for
+    ``line``, whose pin says whether a CPU wheel can lend kernels.
+
+    Raises:
+        KimiError: the line has no pin, or ``kernels`` is not a mode.
+    """
+    return kernels_mode(kernels, load_pin(layout.line_dir(line) / "pin.json"))
 
 
 def marker_text(key: str) -> str:
@@ -173,7 +198,8 @@ def _ensure_env_at(layout: Layout, line: str, venv: Path | None, kernels: str, f
     """``ensure_env`` in the checkout ``line_layout`` chose."""
     venv = (venv or layout.root / ".venv").resolve()
     sync(layout, line, from_dir=from_dir)
-    mode = kernels_mode(kernels)
+    pin = load_pin(layout.line_dir(line) / "pin.json")
+    mode = line_kernels(layout, line, kernels)
     marker = venv / ".kimi-install"
     key = _install_key(layout, mode)
     python = _python(venv)
@@ -194,13 +220,13 @@ def _ensure_env_at(layout: Layout, line: str, venv: Path | None, kernels: str, f
         venvlib.EnvBuilder(with_pip=True, symlinks=True).create(venv)
     if from_dir is not None:
         env["KIMI_FROM"] = str(from_dir)
-    pin = load_pin(layout.line_dir(line) / "pin.json")
-    build_reqs = _build_requirements(layout.root, mode)
+    build_reqs = _build_requirements(layout, mode)
     t0 = _step(f"[1/2] installing torch {pin.torch} and vLLM's build requirements (log: {logs / 'pip-build.log'})")
-    _run_logged([str(python), "-m", "pip", "install", f"torch=={pin.torch}", "-r", str(build_reqs)],
-                logs / "pip-build.log", env, layout.root)
+    _run_logged([str(python), "-m", "pip", "install", f"torch=={pin.torch}", "-r", str(build_reqs),
+                 *TORCH_MODE_EXTRAS * (mode == "torch")], logs / "pip-build.log", env, layout.root)
     t1 = _step(f"      done in {time.monotonic() - t0:.0f} s")
-    _step(f"[2/2] pip install -e . with precompiled {mode} kernels, and {', '.join(TOOLS)} "
+    kernels_note = "no compiled kernels (torch only)" if mode == "torch" else f"precompiled {mode} kernels"
+    _step(f"[2/2] pip install -e . with {kernels_note}, and {', '.join(TOOLS)} "
           f"(log: {logs / 'pip-install.log'})")
     _run_logged([str(python), "-m", "pip", "install", "--no-build-isolation", "-e", ".", *TOOLS],
                 logs / "pip-install.log", env, layout.root)
@@ -240,7 +266,8 @@ def setup(layout: Layout, line: str, venv: Path | None = None, kernels: str = "a
 
 def suite_env(layout: Layout, line: str = DEFAULT_LINE, kernels: str = "auto") -> dict[str, str]:
     """The environment pytest runs in for ``kimi test`` of ``line`` installed at ``layout``."""
-    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": kernels_mode(kernels),
+    mode = line_kernels(layout, line, kernels)
+    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": mode,
             "KIMI_CACHE_DIR": str(layout.cache)}
 
 

@@ -52,7 +52,9 @@ UPSTREAM_FILES = {
     "setup.py": "print('setup')\n",
     "pyproject.toml": "[project]\nname = 'vllm'\n",
     "requirements/common.txt": "numpy\n",
-    ".gitignore": "/vllm/_version.py\n*.so\n__pycache__/\nbuild/\n",
+    # a source file that an ignore rule of upstream's matches (0.34.0: mxfp4/rdna3_hip.py and `*_hip*`)
+    "vllm/kernels/rdna3_hip.py": "pass\n",
+    ".gitignore": "/vllm/_version.py\n*.so\n__pycache__/\nbuild/\n*_hip*\n",
     "README.md": "upstream readme\n",
     "tests/test_upstream.py": "def test_x():\n    pass\n",
     "docs/index.md": "docs\n",

@@ -24,12 +24,14 @@ def make_reference_models(dest: Path) -> Path:
     return dest
 
 
-def run_engine_script(script: str, *args: str, env: dict[str, str] | None = None, timeout: int = 1200) -> dict:
+def run_engine_script(script: str, *args: str, env: dict[str, str | None] | None = None, timeout: int = 1200) -> dict:
     """Run ``python -c script args...`` and return the JSON of its last ``RESULT`` line.
 
-    Fails the test with the end of the child's output when it exits non-zero or prints no result.
+    ``env`` entries override this process's environment (None: the variable is removed). Fails the test with the
+    end of the child's output when it exits non-zero or prints no result.
     """
     full = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT), **(env or {})}
+    full = {key: value for key, value in full.items() if value is not None}
     result = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=full, capture_output=True,
                             text=True, timeout=timeout)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]

@@ -63,14 +63,41 @@ def test_install_key_names_the_checkout(tmp_path: Path) -> None:
 
 
 def test_build_requirements_under_each_release_layout(tmp_path: Path) -> None:
+    layout = Layout(root=tmp_path, cache=tmp_path / "cache")
     (tmp_path / "requirements").mkdir()
     (tmp_path / "requirements" / "cpu-build.txt").write_text("torch==2.10.0\n")  # 0.16 - 0.18
-    assert _build_requirements(tmp_path, "cpu") == tmp_path / "requirements" / "cpu-build.txt"
+    assert _build_requirements(layout, "cpu") == tmp_path / "requirements" / "cpu-build.txt"
     (tmp_path / "requirements" / "build").mkdir()
     (tmp_path / "requirements" / "build" / "cpu.txt").write_text("torch==2.11.0\n")  # 0.2x
-    assert _build_requirements(tmp_path, "cpu") == tmp_path / "requirements" / "build" / "cpu.txt"
+    assert _build_requirements(layout, "cpu") == tmp_path / "requirements" / "build" / "cpu.txt"
     with pytest.raises(KimiError, match="no build requirements for cuda"):
-        _build_requirements(tmp_path, "cuda")
+        _build_requirements(layout, "cuda")
+
+
+def test_torch_kernels_take_the_cpu_build_list_without_its_torch(tmp_path: Path) -> None:
+    """0.34.0's list pins torch==2.14.0+cpu, which the index lacks; torch mode installs the pin's torch beside."""
+    layout = Layout(root=tmp_path, cache=tmp_path / "cache")
+    (tmp_path / "requirements" / "build").mkdir(parents=True)
+    (tmp_path / "requirements" / "build" / "cpu.txt").write_text(
+        'cmake>=3.26.1\ntorch==2.14.0+cpu; platform_machine == "x86_64"\n  torch==2.14.0; sys_platform == "darwin"\n'
+        "torchvision-extra\nwheel\n")
+    kept = _build_requirements(layout, "torch").read_text().splitlines()
+    assert kept == ["cmake>=3.26.1", "torchvision-extra", "wheel"]
+
+
+@pytest.mark.parametrize(("artifacts", "driver", "want"), [
+    ({"sdist", "cuda_wheel", "cpu_wheel"}, False, "cpu"), ({"sdist", "cuda_wheel"}, False, "torch"),
+    ({"sdist", "cuda_wheel"}, True, "cuda"),
+])
+def test_auto_kernels_by_driver_and_pinned_wheels(monkeypatch, artifacts, driver, want) -> None:
+    from types import SimpleNamespace
+
+    import kimi.hooks.precompiled_fork_build as build
+
+    monkeypatch.setattr(build, "cuda_present", lambda: driver)
+    monkeypatch.delenv("KIMI_KERNELS", raising=False)
+    assert build.kernels_mode("auto", SimpleNamespace(artifacts=dict.fromkeys(artifacts))) == want
+    assert build.kernels_mode("torch", SimpleNamespace(artifacts=dict.fromkeys(artifacts))) == "torch"
 
 
 def test_install_marker_asks_for_the_tools_alone_in_an_older_venv() -> None:

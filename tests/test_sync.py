@@ -18,7 +18,7 @@ def test_sync_lays_the_release_and_leaves_git_clean(fork: Fork) -> None:
     assert result.returncode == 0, result.stderr
     root = fork.root
     for laid in ("vllm/__init__.py", "vllm/config/speculative.py", "csrc/kernel.cu", "CMakeLists.txt", "setup.py",
-                 "pyproject.toml", "requirements/common.txt"):
+                 "pyproject.toml", "requirements/common.txt", "vllm/kernels/rdna3_hip.py"):
         assert (root / laid).is_file(), laid
     # upstream's tests/docs/benchmarks/examples and sdist metadata stay out; generated files are not laid
     for absent in ("tests", "docs", "benchmarks", "examples", "PKG-INFO", "vllm/_version.py"):

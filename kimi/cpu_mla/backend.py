@@ -121,8 +121,10 @@ class CpuMLAImpl(MLACommonImpl[MLACommonMetadata]):
         self.kv_b_proj.keep_weight_after_loading = True
         self.dcp_world_size = 1
 
-    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale) -> None:
-        """Write ``kv_c_normed`` [T, kv_lora_rank] and ``k_pe`` [T, 1, rope] to their slots of ``kv_cache``."""
+    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale,
+                           skip_scale: bool = False) -> None:
+        """Write ``kv_c_normed`` [T, kv_lora_rank] and ``k_pe`` [T, 1, rope] to their slots of ``kv_cache``
+        (``skip_scale``, vLLM 0.34.0's, is moot: the cache is never quantized here)."""
         write_latent_cache(kv_c_normed, k_pe, kv_cache, slot_mapping)
 
     def forward_mqa(

@@ -21,6 +21,8 @@ from kimi.fork.fsutil import decode, encode
 from kimi.fork.patches import Patch
 
 UPSTREAM_TAG = "upstream"
+#: Release files never laid: the build writes them (setuptools-scm's version file).
+GENERATED = frozenset({"vllm/_version.py"})
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "kimi", "GIT_AUTHOR_EMAIL": "kimi@localhost",
     "GIT_COMMITTER_NAME": "kimi", "GIT_COMMITTER_EMAIL": "kimi@localhost",
@@ -83,12 +85,17 @@ class WorkRepo:
     def create(cls, path: Path, message: str) -> WorkRepo:
         """Make ``path`` (already holding the upstream files) a repository with one commit.
 
-        Files ignored by upstream's own ``.gitignore`` (generated files such as
-        ``vllm/_version.py``) are left out of the commit, so they are never laid.
+        Every file of the release is committed except :data:`GENERATED` (written again by every build), also
+        files that upstream's ``.gitignore`` matches: a release ships sources its ignore rules happen to match
+        (0.34.0's ``mxfp4/rdna3_hip.py`` and the rule ``*_hip*``), and leaving them out breaks imports.
         """
         repo = cls(path)
         repo.git("init", "-q", "-b", "work")
         repo.git("add", "-A")
+        ignored = repo.git("ls-files", "-z", "--others", "--ignored", "--exclude-standard").stdout.split("\0")
+        forced = [rel for rel in ignored if rel and rel not in GENERATED]
+        if forced:
+            repo.git("add", "-f", "--", *forced)
         repo.git("commit", "-q", "--no-verify", "-m", message)
         repo.git("tag", UPSTREAM_TAG)
         return repo

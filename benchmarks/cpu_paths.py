@@ -1,0 +1,138 @@
+"""Step cost of two CPU paths side by side: the mainline's compiled one and the torch-only platform on 0.34.0.
+
+    python3 benchmarks/cpu_paths.py --path compiled-0.32=.venv/bin/python \\
+        --path torch-0.34=.kimi/envs/next/.venv/bin/python [--models models/pair] [--prompts 8] [--tokens 32]
+
+The first ``--path`` is the baseline. For each round and each path: no speculation, then EAGLE-3 with the
+pair's drafter at ``--k``; each measurement in a fresh child process of that path's python
+(``kimi.bench.cpu_paths``). Writes ``cpu_paths.json`` and ``cpu_paths.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SETTINGS = ("nospec", "eagle3")
+
+
+def measure(target: str, drafter: str | None, k: int, prompt_ids: list[list[int]], tokens: int) -> dict:
+    """One engine, warmed up by a 4-token batch, then ``tokens`` greedy tokens for every prompt in one batch, timed:
+    ``{"vllm", "seconds", "steps", "step_ms", "tau", "start_s", "tokens"}``.
+
+    ``drafter`` None runs without speculation; else EAGLE-3 with ``k`` draft tokens. Steps: one per token without
+    speculation; with EAGLE-3, the timed batch's drafts per request plus its prefill step. ``tau`` is the mean
+    acceptance length (1 + accepted / drafts) of the timed batch, None without speculation.
+    """
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    from kimi.e2e.engine import spec_metrics, spec_metrics_since
+    from kimi.e2e.presets import CPU_EAGER
+
+    spec = None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
+    began = time.monotonic()
+    llm = LLM(model=target, speculative_config=spec, disable_log_stats=False, **CPU_EAGER)
+    start_s = time.monotonic() - began
+    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    before = spec_metrics(llm.get_metrics())
+    began = time.monotonic()
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
+                           use_tqdm=False)
+    seconds = time.monotonic() - began
+    counted = spec_metrics_since(spec_metrics(llm.get_metrics()), before)
+    drafts = counted["num_drafts"]
+    steps = round(drafts / len(prompt_ids)) + 1 if drafter else tokens
+    llm.llm_engine.engine_core.shutdown()
+    return {"vllm": vllm.__version__, "seconds": round(seconds, 3), "start_s": round(start_s, 1), "steps": steps,
+            "step_ms": round(1000 * seconds / steps, 2),
+            "tau": round(1 + counted["num_accepted_tokens"] / drafts, 3) if drafts else None,
+            "tokens": [list(out.outputs[0].token_ids) for out in outputs]}
+
+
+def parse_path(text: str) -> tuple[str, str]:
+    name, sep, python = text.partition("=")
+    if not sep or not name or not python:
+        raise argparse.ArgumentTypeError(f"--path wants NAME=PYTHON, not {text!r}")
+    if not Path(python).is_file():
+        raise argparse.ArgumentTypeError(f"--path {name}: no interpreter at {python}")
+    return name, python
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", type=parse_path, action="append", default=[], metavar="NAME=PYTHON")
+    parser.add_argument("--models", type=Path, default=ROOT / "models/pair")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:  # a child: its install's own kimi and vllm
+        job = json.loads(args.measure)
+        print(json.dumps(measure(**job)))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from kimi.bench.hardware import cpu_name
+    from kimi.bench.results import header, stamp, write_json, write_lines
+
+    if len(args.path) < 2:
+        parser.error("give two or more --path NAME=PYTHON (the first is the baseline)")
+    if len({name for name, _ in args.path}) != len(args.path):
+        parser.error("--path names must differ")
+    from kimi.bench.cpu_paths import run_child, summarize
+    from kimi.e2e.engine import tokenize
+    from kimi.e2e.prompts import code_prompts
+
+    target, drafter = str(args.models / "target"), str(args.models / "drafter")
+    prompt_ids = tokenize(target, code_prompts(args.prompts))
+    # each child imports its own install's kimi and vllm: nothing of this checkout on its path
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    runs: dict = {}
+    for number in range(args.rounds):
+        for name, python in args.path:
+            for setting in SETTINGS:
+                job = {"target": target, "drafter": drafter if setting == "eagle3" else None, "k": args.k,
+                       "prompt_ids": prompt_ids, "tokens": args.tokens}
+                began = time.monotonic()
+                result = run_child(python, __file__, job, env, args.timeout)
+                runs.setdefault((name, setting), []).append(result)
+                print(f"round {number + 1}: {name} {setting}: {result['step_ms']} ms/step, tau {result['tau']}"
+                      f" ({time.monotonic() - began:.0f} s)", flush=True)
+    rows = summarize(runs, args.path[0][0])
+    out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:]), "cpu": cpu_name(), "cores": os.cpu_count(),
+           "python": platform.python_version(), "prompts": args.prompts, "tokens": args.tokens, "k": args.k,
+           "paths": dict(args.path), "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "cpu_paths.json", out)
+    lines = header("CPU paths side by side: step cost, tau, lossless", out["command"], out["date"])
+    lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs); {args.prompts} prompts x {args.tokens} tokens "
+               f"in one batch, float32, eager, k = {args.k}, {args.rounds} rounds (median)"), "",
+              "| path | vLLM | setting | ms/step | x baseline | steps | tau | lossless | same tokens as baseline |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['path']} | {row['vllm']} | {row['setting']} | {row['step_ms']:.1f} | "
+                     f"{row['step_ratio']:.2f} | {row['steps']} | {row['tau'] or '-'} | "
+                     f"{'-' if row['lossless'] is None else row['lossless']} | {row['same_as_baseline']} |")
+    lines += ["", ("Not shown: throughput under concurrency (one batch only), start-up cost (`start_s` in the JSON); "
+                   "the first batch after start-up (a 4-token warm-up, not timed); "
+              "serving overheads.")]
+    write_lines(args.out / "cpu_paths.md", lines)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

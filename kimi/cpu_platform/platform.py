@@ -1,0 +1,104 @@
+"""The torch-only CPU platform: vLLM's CpuPlatform with every compiled piece served by torch code.
+
+What it changes on vLLM's ``CpuPlatform``:
+
+- ``import_kernels``: the ``torch.ops._C`` ops of the CPU path, in torch (:mod:`kimi.cpu_platform.ops`);
+- ``register_triton_kernel_overrides``: Model Runner V2's Triton kernels on the hot path, in torch
+  (:data:`kimi.cpu_platform.kernels.OVERRIDES`); the rest run in Triton's interpreter;
+- ``get_attn_backend_cls``: the fork's ``CPU_MLA`` (:mod:`kimi.cpu_mla`: prefill, decode and the k + 1
+  tokens of EAGLE verification on one paged torch path) for MLA layers, the torch attention backend
+  (:mod:`kimi.cpu_platform.attention`) for the others;
+- ``check_and_update_config``: custom ops run their torch code, and what the torch code does not compute
+  is refused with the fix named, while the config is built (before any weights load).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from vllm.logger import init_logger
+from vllm.platforms.cpu import CpuPlatform
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger(__name__)
+
+ATTENTION_BACKEND = "kimi.cpu_platform.attention.TorchCpuAttentionBackend"
+MLA_BACKEND = "kimi.cpu_mla.backend.CpuMLABackend"
+#: ``torch`` (default): the runner's Triton kernels in torch; ``interpreter``: all of them in Triton's interpreter
+#: (slow; to tell an override's fault from upstream's).
+KERNELS_ENV = "KIMI_CPU_KERNELS"
+KERNELS_MODES = ("torch", "interpreter")
+#: KV cache dtypes the torch ops store (``auto`` is the model's dtype).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def refusals(vllm_config: VllmConfig) -> list[str]:
+    """What in ``vllm_config`` the torch-only CPU platform cannot run, one sentence with its fix each."""
+    found = []
+    if os.environ.get(KERNELS_ENV, "torch") not in KERNELS_MODES:
+        found.append(f"{KERNELS_ENV}={os.environ[KERNELS_ENV]!r}: set it to one of {', '.join(KERNELS_MODES)} "
+                     "or unset it")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        found.append("TRITON_INTERPRET is set to something other than 1: the kernels left to Triton run in its "
+                     "interpreter on this platform; unset it or set TRITON_INTERPRET=1")
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype not in KV_CACHE_DTYPES:
+        found.append(f"--kv-cache-dtype {cache_dtype}: a quantized KV cache needs vLLM's compiled CPU kernels; "
+                     "leave it at auto")
+    for role, model in (("target", vllm_config.model_config),
+                        ("draft model", getattr(vllm_config.speculative_config, "draft_model_config", None))):
+        method = getattr(model, "quantization", None)
+        if method is not None:
+            found.append(f"the {role} is quantized ({method}): its linear layers need vLLM's compiled kernels; "
+                         "serve an unquantized checkpoint, or install a vLLM build with CPU kernels")
+    return found
+
+
+class TorchCpuPlatform(CpuPlatform):
+    """vLLM's CPU platform with its ``_C`` ops and the model runner's Triton kernels in torch."""
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        from kimi.cpu_platform import ops
+
+        ops.register()
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        if os.environ.get(KERNELS_ENV, "torch") == "interpreter":
+            logger.info("torch-only CPU platform: %s=interpreter, every Triton kernel runs interpreted", KERNELS_ENV)
+            return
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from kimi.cpu_platform.kernels import OVERRIDES
+
+        register_kernels(OVERRIDES)
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend: AttentionBackendEnum,
+                             attn_selector_config: AttentionSelectorConfig, num_heads: int | None = None) -> str:
+        if attn_selector_config.use_mla:
+            return MLA_BACKEND
+        return ATTENTION_BACKEND
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        """vLLM's CPU settings, then ``custom_ops=["none"]``.
+
+        Raises:
+            ValueError: :func:`refusals` found something; the message lists each with its fix.
+        """
+        problems = refusals(vllm_config)
+        if problems:
+            raise ValueError("the torch-only CPU platform (no compiled vLLM kernels) cannot run this:\n  - "
+                             + "\n  - ".join(problems))
+        super().check_and_update_config(vllm_config)
+        compilation = vllm_config.compilation_config
+        if compilation.custom_ops != ["none"]:
+            logger.info("torch-only CPU platform: custom ops run their torch code (custom_ops=['none'])")
+            compilation.custom_ops = ["none"]
