@@ -8,8 +8,8 @@ What it changes on vLLM's ``CpuPlatform``:
 - ``get_attn_backend_cls``: the fork's ``CPU_MLA`` (:mod:`kimi.cpu_mla`: prefill, decode and the k + 1
   tokens of EAGLE verification on one paged torch path) for MLA layers, the torch attention backend
   (:mod:`kimi.cpu_platform.attention`) for the others;
-- ``check_and_update_config``: custom ops run their torch code, and what the torch code does not compute
-  is refused with the fix named, while the config is built (before any weights load).
+- ``check_and_update_config``: custom ops run their torch code, eager mode, and what the torch code does
+  not compute is refused with the fix named, while the config is built (before any weights load).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import torch
 from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -41,11 +42,24 @@ def refusals(vllm_config: VllmConfig) -> list[str]:
     """What in ``vllm_config`` the torch-only CPU platform cannot run, one sentence with its fix each."""
     found = []
     if os.environ.get(KERNELS_ENV, "torch") not in KERNELS_MODES:
-        found.append(f"{KERNELS_ENV}={os.environ[KERNELS_ENV]!r}: set it to one of {', '.join(KERNELS_MODES)} "
+        found.append(f"{KERNELS_ENV}={os.environ[KERNELS_ENV]!r}: set it to {' or '.join(KERNELS_MODES)}, "
                      "or unset it")
     if os.environ.get("TRITON_INTERPRET") != "1":
         found.append("TRITON_INTERPRET is set to something other than 1: the kernels left to Triton run in its "
                      "interpreter on this platform; unset it or set TRITON_INTERPRET=1")
+    dtype = getattr(vllm_config.model_config, "dtype", torch.float32)
+    if dtype != torch.float32:
+        found.append(f"--dtype {str(dtype).removeprefix('torch.')}: vLLM's CPU matmul of half-precision weights needs "
+                     "its compiled kernels; use --dtype float32")
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if backend is not None:
+        found.append(f"--attention-backend {getattr(backend, 'name', backend)}: this platform picks its own (the "
+                     "fork's CPU_MLA for MLA layers, CPU_ATTN on torch ops for the others); leave it unset")
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+        found.append(f"tensor parallel {parallel.tensor_parallel_size} x pipeline parallel "
+                     f"{parallel.pipeline_parallel_size}: not run on this platform yet; use one process "
+                     "(--tensor-parallel-size 1 --pipeline-parallel-size 1)")
     cache_dtype = vllm_config.cache_config.cache_dtype
     if cache_dtype not in KV_CACHE_DTYPES:
         found.append(f"--kv-cache-dtype {cache_dtype}: a quantized KV cache needs vLLM's compiled CPU kernels; "
@@ -88,7 +102,7 @@ class TorchCpuPlatform(CpuPlatform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        """vLLM's CPU settings, then ``custom_ops=["none"]``.
+        """vLLM's CPU settings, then ``custom_ops=["none"]`` and eager mode.
 
         Raises:
             ValueError: :func:`refusals` found something; the message lists each with its fix.
@@ -97,8 +111,16 @@ class TorchCpuPlatform(CpuPlatform):
         if problems:
             raise ValueError("the torch-only CPU platform (no compiled vLLM kernels) cannot run this:\n  - "
                              + "\n  - ".join(problems))
+        from vllm.config.compilation import CompilationMode, CUDAGraphMode  # imports the platform: not at the top
+
         super().check_and_update_config(vllm_config)
         compilation = vllm_config.compilation_config
         if compilation.custom_ops != ["none"]:
             logger.info("torch-only CPU platform: custom ops run their torch code (custom_ops=['none'])")
             compilation.custom_ops = ["none"]
+        if compilation.mode != CompilationMode.NONE:
+            # the torch ops have no fake (meta) versions for torch.compile to trace: run eager
+            logger.info("torch-only CPU platform: eager mode (as --enforce-eager)")
+            vllm_config.model_config.enforce_eager = True
+            compilation.mode = CompilationMode.NONE
+            compilation.cudagraph_mode = CUDAGraphMode.NONE

@@ -46,32 +46,44 @@ def _engine_config(extra: str = "", env: dict[str, str | None] | None = None) ->
         import json
         from vllm.engine.arg_utils import EngineArgs
         try:
-            config = EngineArgs(model="{PAIR / 'target'}", dtype="float32", enforce_eager=True,
-                                {extra}).create_engine_config()
+            config = EngineArgs(model="{PAIR / 'target'}", {extra or 'dtype="float32"'}).create_engine_config()
         except ValueError as exc:
             print("RESULT", json.dumps({{"refused": str(exc)}}))
         else:
-            print("RESULT", json.dumps({{"custom_ops": config.compilation_config.custom_ops}}))
+            print("RESULT", json.dumps({{"custom_ops": config.compilation_config.custom_ops,
+                                         "eager": config.model_config.enforce_eager,
+                                         "mode": int(config.compilation_config.mode)}}))
     """, env=env, timeout=300)
     return found, time.monotonic() - began
 
 
 def test_a_quantized_kv_cache_is_refused_with_the_fix_before_any_load():
-    found, seconds = _engine_config('kv_cache_dtype="fp8"')
+    found, seconds = _engine_config('dtype="float32", kv_cache_dtype="fp8"')
     assert "--kv-cache-dtype fp8" in found["refused"] and "leave it at auto" in found["refused"]
     assert seconds < 120
 
 
 @pytest.mark.parametrize(("variable", "value", "fix"), [("TRITON_INTERPRET", "0", "TRITON_INTERPRET=1"),
-                                                        ("KIMI_CPU_KERNELS", "fast", "torch, interpreter")])
+                                                        ("KIMI_CPU_KERNELS", "fast", "torch or interpreter")])
 def test_a_bad_environment_is_refused_with_the_fix(variable, value, fix):
     found, _ = _engine_config(env={variable: value})
     assert fix in found["refused"]
 
 
-def test_the_plain_pair_config_is_accepted_with_torch_custom_ops():
+@pytest.mark.parametrize(("extra", "fix"), [
+    ('dtype="bfloat16"', "use --dtype float32"),
+    ('dtype="float32", attention_backend="FLASH_ATTN"', "--attention-backend FLASH_ATTN"),
+    ('dtype="float32", tensor_parallel_size=2', "--tensor-parallel-size 1"),
+])
+def test_what_the_torch_code_does_not_run_is_refused_before_load(extra, fix):
+    found, _ = _engine_config(extra)
+    assert fix in found["refused"]
+
+
+def test_the_plain_pair_config_runs_eager_with_torch_custom_ops():
+    """No --enforce-eager given: the platform turns torch.compile off (its torch ops have no fake versions)."""
     found, _ = _engine_config()
-    assert found == {"custom_ops": ["none"]}
+    assert found == {"custom_ops": ["none"], "eager": True, "mode": 0}
 
 
 def test_quantized_models_are_refused_by_role(monkeypatch):
@@ -80,6 +92,7 @@ def test_quantized_models_are_refused_by_role(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("KIMI_CPU_KERNELS", raising=False)
     config = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"),
+                             parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
                              model_config=SimpleNamespace(quantization=None),
                              speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(quantization="fp8")))
     found = refusals(config)
