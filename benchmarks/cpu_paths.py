@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,11 +96,12 @@ def main() -> int:
     from kimi.e2e.engine import tokenize
     from kimi.e2e.prompts import code_prompts
 
-    target, drafter = str(args.models / "target"), str(args.models / "drafter")
+    target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
     prompt_ids = tokenize(target, code_prompts(args.prompts))
     # each child imports its own install's kimi and vllm: nothing of this checkout on its path
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    cache_root = tempfile.mkdtemp(prefix="cpu-paths-cache-")
     runs: dict = {}
     for number in range(args.rounds):
         for name, python in args.path:
@@ -107,7 +109,10 @@ def main() -> int:
                 job = {"target": target, "drafter": drafter if setting == "eagle3" else None, "k": args.k,
                        "prompt_ids": prompt_ids, "tokens": args.tokens}
                 began = time.monotonic()
-                result = run_child(python, __file__, job, env, args.timeout)
+                # a cache of its own per path (each release writes its own compile and model-info entries)
+                path_env = {**env, "VLLM_CACHE_ROOT": str(Path(cache_root) / name)}
+                result = run_child(str(Path(python).absolute()), str(Path(__file__).resolve()), job, path_env,
+                                   args.timeout)
                 runs.setdefault((name, setting), []).append(result)
                 print(f"round {number + 1}: {name} {setting}: {result['step_ms']} ms/step, tau {result['tau']}"
                       f" ({time.monotonic() - began:.0f} s)", flush=True)

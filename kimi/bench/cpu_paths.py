@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import tempfile
 
 
 def run_child(python: str, script: str, job: dict, env: dict[str, str], timeout_s: float) -> dict:
@@ -20,8 +21,10 @@ def run_child(python: str, script: str, job: dict, env: dict[str, str], timeout_
     Raises:
         RuntimeError: the child failed or printed no result (the message holds its output's tail).
     """
+    # started away from the checkout: vLLM's model-registry subprocess (``python -m``) would import a vllm/
+    # laid in the current folder (another release's) before the venv's
     proc = subprocess.run([python, script, "--measure", json.dumps(job)], capture_output=True, text=True,
-                          env=env, timeout=timeout_s)
+                          env=env, timeout=timeout_s, cwd=tempfile.gettempdir())
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{python} {script} --measure failed (exit {proc.returncode}):\n"
