@@ -1,6 +1,6 @@
 """Step cost of two CPU paths side by side: the mainline's compiled one and the torch-only platform on 0.34.0.
 
-    python3 benchmarks/cpu_paths.py --path compiled-0.32=.venv/bin/python \\
+    .venv/bin/python benchmarks/cpu_paths.py --path compiled-0.32=.venv/bin/python \\
         --path torch-0.34=.kimi/envs/next/.venv/bin/python [--models models/pair] [--prompts 8] [--tokens 32]
 
 The first ``--path`` is the baseline. For each round and each path: no speculation, then EAGLE-3 with the
@@ -117,7 +117,7 @@ def main() -> int:
                 print(f"round {number + 1}: {name} {setting}: {result['step_ms']} ms/step, tau {result['tau']}"
                       f" ({time.monotonic() - began:.0f} s)", flush=True)
     rows = summarize(runs, args.path[0][0])
-    out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:]), "cpu": cpu_name(), "cores": os.cpu_count(),
+    out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:], python=".venv/bin/python"), "cpu": cpu_name(), "cores": os.cpu_count(),
            "python": platform.python_version(), "prompts": args.prompts, "tokens": args.tokens, "k": args.k,
            "paths": dict(args.path), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
