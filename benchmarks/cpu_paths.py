@@ -117,7 +117,8 @@ def main() -> int:
                 print(f"round {number + 1}: {name} {setting}: {result['step_ms']} ms/step, tau {result['tau']}"
                       f" ({time.monotonic() - began:.0f} s)", flush=True)
     rows = summarize(runs, args.path[0][0])
-    out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:], python=".venv/bin/python"), "cpu": cpu_name(), "cores": os.cpu_count(),
+    out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:], python=".venv/bin/python"), "cpu": cpu_name(),
+           "cores": os.cpu_count(),
            "python": platform.python_version(), "prompts": args.prompts, "tokens": args.tokens, "k": args.k,
            "paths": dict(args.path), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
