@@ -610,7 +610,7 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                True, fix="write draft_vocab_size: "),
     # sources that disagree, fields vLLM needs
     Assumption("aux-ids-two-sources-disagree", _IDS, "the top-level ids are served and the nested ones ignored "
-               "without a word", SERVES_WRONG, _both_ids(lambda ids: [1, *ids[:-1]]), "name different layers", True,
+               "without a word", SERVES, _both_ids(lambda ids: [1, *ids[:-1]]), "name different layers", True,
                fix="keep the ids the drafter was trained on in one place"),
     Assumption("architectures-absent", "architectures: config/model.py ModelConfig (the model registry) -> "
                "EAGLEConfig renames it Eagle3*", "\"Model architectures [...] are not supported\" with every class "
