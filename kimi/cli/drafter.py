@@ -24,6 +24,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, help="target model folder or its config.json")
     p.add_argument("--max-model-len", type=positive_int, default=None,
                    help="context the drafter will be served at (default: the target's max_position_embeddings)")
+    p.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                   help="as vLLM's --load-format: dummy (weights drawn at random) skips the weight-file checks")
     add_json(p)
     p.set_defaults(func=cmd_inspect)
     p = cmds.add_parser(
@@ -51,7 +53,7 @@ def cmd_inspect(args: argparse.Namespace, layout: Layout) -> int:
     """``kimi drafter inspect``: 1 when the report names problems."""
     from kimi.drafter.inspect import inspect
 
-    report = inspect(args.path, args.target, served_positions=args.max_model_len)
+    report = inspect(args.path, args.target, served_positions=args.max_model_len, load_format=args.load_format)
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.render())
     return 1 if report.problems else 0
 

@@ -36,10 +36,11 @@ from kimi.errors import KimiError
 FAILS_AT_LOAD = "fails after the target's weights load"
 FAILS_AT_STEP = "fails in the first step"
 SERVES_WRONG = "serves wrong drafts without an error"
+FAILS_AT_START = "fails at start-up, before any weight loads"
 IGNORES = "serves it as if the tensor were not there"
 SERVES_SAME = "serves it as the original"
 SERVES = "serves it"
-OUTCOMES = (FAILS_AT_LOAD, FAILS_AT_STEP, SERVES_WRONG, IGNORES, SERVES_SAME, SERVES)
+OUTCOMES = (FAILS_AT_LOAD, FAILS_AT_STEP, SERVES_WRONG, FAILS_AT_START, IGNORES, SERVES_SAME, SERVES)
 
 #: Edits a copy of a good drafter folder in place; gets the target's folder.
 Lie = Callable[[Path, Path], None]
@@ -614,7 +615,7 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
                fix="keep the ids the drafter was trained on in one place"),
     Assumption("architectures-absent", "architectures: config/model.py ModelConfig (the model registry) -> "
                "EAGLEConfig renames it Eagle3*", "\"Model architectures [...] are not supported\" with every class "
-               "vLLM has, at start-up", FAILS_AT_LOAD, _config(architectures=_DROP), "no architectures in config.json",
+               "vLLM has, at start-up", FAILS_AT_START, _config(architectures=_DROP), "no architectures in config.json",
                True, fix="write architectures: ["),
     Assumption("draft-vocab-larger-than-target", _VOCAB, "lm_head and its map are built for more ids than the "
                "target has: shape error at load", FAILS_AT_LOAD,

@@ -352,7 +352,8 @@ def rope_check(cfg: dict, served_positions: int | None) -> tuple[dict, list[str]
     return info, problems
 
 
-def inspect(path: Path, target_path: Path | None = None, served_positions: int | None = None) -> Report:
+def inspect(path: Path, target_path: Path | None = None, served_positions: int | None = None,
+            load_format: str = "auto") -> Report:
     """Inspect the drafter folder ``path``, optionally against a target folder or config.json.
 
     Args:
@@ -361,12 +362,17 @@ def inspect(path: Path, target_path: Path | None = None, served_positions: int |
             hidden size, vocabulary and context the drafter must fit.
         served_positions: the context it will be served at (default: the
             target's ``max_position_embeddings``).
+        load_format: vLLM's ``--load-format``; ``"dummy"`` (weights drawn at random, no file read) drops the
+            findings about weight files, as the serve check does.
 
     Raises:
         KimiError: unreadable drafter or target.
     """
     target = Target.from_path(target_path) if target_path else None
-    return inspect_checkpoint(Checkpoint.open(path), target, served_positions)
+    report = inspect_checkpoint(Checkpoint.open(path), target, served_positions)
+    if load_format == "dummy":
+        report.findings = [f for f in report.findings if f.kind != "weights"]
+    return report
 
 
 def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions: int | None = None) -> Report:

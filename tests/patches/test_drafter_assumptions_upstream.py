@@ -6,8 +6,9 @@ subprocess per test, engine after engine:
 
 * "upstream": the fork's start-up check switched off (``prepare_eagle3_drafter`` replaced before vLLM calls it, as
   ``test_eagle3_drafter_checks.py`` switches off its pipeline check) and upstream's greedy drafts
-  (``KIMI_DRAFT_GREEDY=upstream``). Each lie then does what its entry's ``outcome`` says: fails while the drafter's
-  weights load (the target's loaded), fails in the first step, or serves: wrong drafts (other acceptance counts,
+  (``KIMI_DRAFT_GREEDY=upstream``). Each lie then does what its entry's ``outcome`` says: fails at start-up in
+  vLLM's own config validation (nothing loaded), fails while the drafter's weights load (the target's loaded),
+  fails in the first step, or serves: wrong drafts (other acceptance counts,
   fewer accepted tokens than the good drafter's), or exactly the good drafter's counts (a tensor it ignores).
 * "fork": the check on. A refused lie stops before any weights load, with the entry's words; the others and every
   valid variant are served, by upstream and by the fork. Greedy output is the good drafter's in every served run
@@ -33,6 +34,7 @@ pytest.importorskip("safetensors")
 from kimi.drafter.assumptions import (  # noqa: E402
     ASSUMPTIONS,
     FAILS_AT_LOAD,
+    FAILS_AT_START,
     FAILS_AT_STEP,
     IGNORES,
     SERVES,
@@ -149,6 +151,8 @@ def behaves(row: dict, good: dict, outcome: str) -> bool:
     """Whether an upstream row shows ``outcome``."""
     if outcome == FAILS_AT_LOAD:  # the target's weights loaded, the drafter's did not
         return row["phase"] == "start" and [ok for _, ok in row["loads"]] == [True, False]
+    if outcome == FAILS_AT_START:  # vLLM's own config validation stops it: nothing loaded
+        return row["phase"] == "start" and row["loads"] == []
     if outcome == FAILS_AT_STEP:
         return row["phase"] == "step" and [ok for _, ok in row["loads"]] == [True, True]
     return served_as(row, good, outcome)
@@ -179,7 +183,7 @@ def test_the_fork_refuses_each_lie_before_any_weight_loads(copies: dict[str, tup
     for name in lies:
         entry, row = copies[name][0], rows[f"{name}/fork"]
         if entry.refused:
-            ok = row["phase"] == "start" and row["loads"] == [] and "does not fit the" in row["error"] \
+            ok = row["phase"] == "start" and row["loads"] == [] and "EAGLE-3 drafter " in row["error"] \
                 and entry.needle in row["error"]
         else:
             ok = served_as(row, rows["good/fork"], SERVES_SAME)
