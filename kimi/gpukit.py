@@ -13,6 +13,7 @@ Build side (here, with the package index; ``benchmarks/gpu_kit.sh`` drives these
 
     python3 kimi/gpukit.py chunk-mib --root .          default chunk size for this working tree
     python3 kimi/gpukit.py line --lines kimi/lines [--line L] [--version V]   line, version, pinned wheel sha256
+    python3 kimi/gpukit.py line-requires --lines kimi/lines LINE   what the line's gpu-kit.txt adds to its kit
     python3 kimi/gpukit.py kit-torch CUDA_WHEEL [--torch T]   the torch the kit carries (the wheel's, not the pin's)
     python3 kimi/gpukit.py wheel-pin WHEEL NAME        the ==version that WHEEL requires of NAME
     python3 kimi/gpukit.py torch-stack TORCH_WHEEL     what must travel with a torch the host lacks
@@ -629,6 +630,15 @@ def kit_line(lines: Path, line: str | None = None, version: str | None = None) -
     return (match, version, sha(pin(match))) if match else ("mainline", version, "")
 
 
+def line_requires(lines: Path, line: str) -> list[str]:
+    """The requirements ``kimi/lines/<line>/gpu-kit.txt`` adds to the line's GPU kit (one a line, ``#`` comments;
+    none without the file): what the release needs that the shared resolver leaves out (0.34.0: the CuTe DSL)."""
+    path = lines / line / "gpu-kit.txt"
+    if not path.is_file():
+        return []
+    return [r for r in (raw.split("#", 1)[0].strip() for raw in path.read_text().splitlines()) if r]
+
+
 def kit_torch(cuda_wheel: Path, requested: str | None = None) -> str:
     """The torch a GPU kit carries: the one the release's CUDA wheel requires (``torch==X``).
 
@@ -873,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=Path, required=True, help="kimi/lines")
     p.add_argument("--line")
     p.add_argument("--version")
+    p = sub.add_parser("line-requires", help="requirements kimi/lines/LINE/gpu-kit.txt adds to the kit, one a line")
+    p.add_argument("--lines", type=Path, required=True, help="kimi/lines")
+    p.add_argument("line")
     p = sub.add_parser("kit-torch", help="the torch a GPU kit carries: the one the CUDA wheel requires")
     p.add_argument("wheel", type=Path)
     p.add_argument("--torch", help="KIMI_KIT_TORCH: must agree with the wheel; needed if it pins none")
@@ -940,6 +953,8 @@ def _run(a: argparse.Namespace) -> int:
         print(exact_pins(wheel_requires(a.wheel)).get(norm(a.name), ""))
     elif a.cmd == "line":
         print("\n".join(kit_line(a.lines, a.line or None, a.version or None)))
+    elif a.cmd == "line-requires":
+        print("\n".join(line_requires(a.lines, a.line)))
     elif a.cmd == "kit-torch":
         print(kit_torch(a.wheel, a.torch or None))
     elif a.cmd == "skip-names":

@@ -235,6 +235,12 @@ def test_the_kits_line_is_named_or_found_by_the_version_its_pin_names(tmp_path: 
         gpukit.kit_line(lines, line="next", version="0.32.0")
     with pytest.raises(gpukit.KitError, match="no line 'nope'"):
         gpukit.kit_line(lines, line="nope")
+    # a line's gpu-kit.txt: what its release needs that the shared resolver skips (0.34.0: the CuTe DSL)
+    (lines / "next" / "gpu-kit.txt").write_text("# why\nnvidia-cutlass-dsl==4.8.0  # the DSL\n\nx-libs-cu13==4.8.0\n")
+    assert gpukit.line_requires(lines, "next") == ["nvidia-cutlass-dsl==4.8.0", "x-libs-cu13==4.8.0"]
+    assert gpukit.line_requires(lines, "mainline") == []
+    shipped = gpukit.line_requires(ROOT / "kimi" / "lines", "next")
+    assert "nvidia-cutlass-dsl-libs-cu13==4.8.0" in shipped and not any("cu12" in r for r in shipped)
 
 
 def test_a_gpu_kits_torch_is_the_cuda_wheels_not_the_lines_cpu_torch(tmp_path: Path) -> None:
