@@ -160,7 +160,11 @@ fi
 # the site's vllm; kimi from this checkout (install-into copies only its runtime part, the hooks, into the site),
 # through a folder that holds nothing else, so that a laid vllm/ at the root (a rehearsal) cannot shadow the site's
 mkdir -p /tmp/kimi-path && ln -sfn "$root/kimi" /tmp/kimi-path/kimi
-export PYTHONPATH=/tmp/kimi-path:$site${PYTHONPATH:+:$PYTHONPATH}
+# and what the site's .pth files add: a --target folder on PYTHONPATH is no site directory, so Python reads none
+# of them (the CuTe DSL's nvidia_cutlass_dsl_packages.pth puts its dsl_packages/, where `cutlass` is, on the path)
+pth=$(cd /tmp && "$py" -S -c 'import site, sys; d = sys.argv[1]; before = list(sys.path); site.addsitedir(d)
+print(":".join(p for p in sys.path if p not in before and p != d))' "$site" 2>/dev/null)
+export PYTHONPATH=/tmp/kimi-path:$site${pth:+:$pth}${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}

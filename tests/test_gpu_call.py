@@ -457,6 +457,25 @@ def test_the_kits_line_is_the_series_put_on_the_installed_vllm(tmp_path: Path) -
     assert "kernels_build_skipped" in _steps(tmp_path, 2)
 
 
+def test_what_the_sites_pth_files_add_is_on_the_path(tmp_path: Path) -> None:
+    """The CuTe DSL (carried for vLLM 0.34.0) puts its `cutlass` on the path through a .pth file, which Python reads
+    in site directories only, not in a --target folder on PYTHONPATH: gpu_call.sh adds what the site's .pth files
+    add, so `import cutlass` works in COMMAND and in the engines it starts."""
+    src = tmp_path / "src"
+    _fake_kit(tmp_path)
+    _wheel(src / "wheels", "fakedsl", "1.0", {
+        "fakedsl/__init__.py": "", "fakedsl/dsl_packages/fakecutlass.py": "OK = 'dsl on the path'\n",
+        "fakedsl_packages.pth": "import sys, os, fakedsl; "
+                                "sys.path.insert(0, os.path.join(fakedsl.__path__[0], 'dsl_packages'))\n"})
+    kit = tmp_path / "kit-dsl"
+    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
+                {"version": "0.34.0", "line": "next", "torch": "2.13.0", "skip": []})
+    env = {"KIMI_GPU_STEPS": "all", "KIMI_PYTHON": str(_recording_python(tmp_path))}
+    r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0, sys.executable, "-c",
+              "import fakecutlass; print(fakecutlass.OK)", **env)
+    assert r.returncode == 0 and "dsl on the path" in r.stdout, r.stdout + r.stderr
+
+
 def test_a_command_that_overruns_is_stopped_before_the_calls_limit(tmp_path: Path) -> None:
     """COMMAND is stopped 20 s before KIMI_CALL_LIMIT_S, child processes too, so that the device command's steps
     after gpu_call.sh still copy its results (a 600 s call that ran out inside train-pair + acceptance.py lost
