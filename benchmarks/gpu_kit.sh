@@ -25,7 +25,7 @@
 #     pins on host packages of unknown version are listed in OUT_DIR/host-pins.txt and checked on the host
 #     when the kit is installed (logs/check-reqs.log);
 #   - what kimi/lines/LINE/gpu-kit.txt names (requirements the release needs that the shared resolver skips;
-#     the next line: the CuTe DSL, which vLLM 0.34.0 imports at every CUDA engine's start);
+#     the next line: the CuTe DSL and QuACK, which vLLM 0.34.0 imports at every CUDA engine's start);
 #   - each --payload DIR (or KIMI_KIT_PAYLOADS, space-separated), e.g. a model pair folder: unpacked on the
 #     host under /tmp/kitpayload and linked at the same path in the repository (.kimi/models/x stays
 #     .kimi/models/x; the shipped pair models/pair needs none: it is tracked).
@@ -137,7 +137,7 @@ if [ "$torch" != "$host_torch" ]; then
   if [ -n "$tv" ] && [ "${KIMI_KIT_TORCHVISION:-1}" != 0 ]; then add_wheel "$(fetch "torchvision==$tv")"; fi
 fi
 
-# -- 2b. what the line's kimi/lines/LINE/gpu-kit.txt adds (0.34.0: the CuTe DSL, which the shared skip leaves out)
+# -- 2b. what kimi/lines/LINE/gpu-kit.txt adds (0.34.0: the CuTe DSL and QuACK, which the shared skip leaves out)
 for req in $(gk line-requires --lines "$root/kimi/lines" "$line"); do add_wheel "$(fetch "$req")"; done
 
 # -- 3. pins the host's own packages miss -------------------------------------------------------------------------

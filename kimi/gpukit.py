@@ -632,7 +632,7 @@ def kit_line(lines: Path, line: str | None = None, version: str | None = None) -
 
 def line_requires(lines: Path, line: str) -> list[str]:
     """The requirements ``kimi/lines/<line>/gpu-kit.txt`` adds to the line's GPU kit (one a line, ``#`` comments;
-    none without the file): what the release needs that the shared resolver leaves out (0.34.0: the CuTe DSL)."""
+    none without the file): what the release needs that the shared resolver leaves out (0.34.0: the CuTe DSL, QuACK)."""
     path = lines / line / "gpu-kit.txt"
     if not path.is_file():
         return []
