@@ -201,7 +201,7 @@ def test_torch_stack_comes_from_the_torch_wheels_own_pins(tmp_path: Path) -> Non
             'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"', 'optree>=0.13.0; extra == "optree"')
     torch = _wheel(tmp_path, "torch", "2.13.0", {}, pins)
     assert gpukit.torch_stack(torch) == ("2.13.0", ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"], [])
-    other = _wheel(tmp_path / "b", "torch", "2.14.0", {}, pins)
+    other = _wheel(tmp_path / "b", "torch", "2.99.0", {}, pins)
     version, reqs, warnings = gpukit.torch_stack(other)
     assert reqs == ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"] and "not tried on the GPU host" in warnings[0]
     with pytest.raises(gpukit.KitError, match="pins no nvidia-nccl-cu13"):
