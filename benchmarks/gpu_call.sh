@@ -18,7 +18,9 @@
 #      (/tmp/site/nvidia/nccl/lib) first on LD_LIBRARY_PATH; checks that `import torch` gives the kit's torch
 #      and sees the GPU (prints version, CUDA, NCCL, device); lists vLLM's requirements the host does not meet
 #      (logs/check-reqs.log, not fatal);
-#   2. puts the fork on it: python3 -m kimi install-into /tmp/site (vllm.__version__ -> VERSION+kimi.N.cuda),
+#   2. puts the fork on it: python3 -m kimi install-into /tmp/site --line LINE (kit.json's "line", the mainline
+#      for a kit without one; vllm.__version__ -> VERSION+kimi.N.cuda) and, where the line's series has patch
+#      0009 (eagle3-greedy-draft-vocab), builds the fork's draft-head kernel with the host's nvcc,
 #   3. runs benchmarks/gpu_e2e.py (models, lossless runs with CUDA graphs, counters, vllm serve),
 #   4. runs the GPU tests (tests/gpu, on gpu_e2e's results),
 # writing everything under $OUT: gpu_e2e.json, gpu_e2e.md, gpu_call.json (steps and times), kit-stash.json
@@ -158,7 +160,11 @@ fi
 # the site's vllm; kimi from this checkout (install-into copies only its runtime part, the hooks, into the site),
 # through a folder that holds nothing else, so that a laid vllm/ at the root (a rehearsal) cannot shadow the site's
 mkdir -p /tmp/kimi-path && ln -sfn "$root/kimi" /tmp/kimi-path/kimi
-export PYTHONPATH=/tmp/kimi-path:$site${PYTHONPATH:+:$PYTHONPATH}
+# and what the site's .pth files add: a --target folder on PYTHONPATH is no site directory, so Python reads none
+# of them (the CuTe DSL's nvidia_cutlass_dsl_packages.pth puts its dsl_packages/, where `cutlass` is, on the path)
+pth=$(cd /tmp && "$py" -S -c 'import site, sys; d = sys.argv[1]; before = list(sys.path); site.addsitedir(d)
+print(":".join(p for p in sys.path if p not in before and p != d))' "$site" 2>/dev/null)
+export PYTHONPATH=/tmp/kimi-path:$site${pth:+:$pth}${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
@@ -200,8 +206,11 @@ fi
 if [ "${KIMI_GPU_STEPS:-all}" = kit ]; then note "kit installed and checked; stopping (KIMI_GPU_STEPS=kit)"; finish 0; fi
 nvidia-smi > "$out/logs/nvidia-smi.txt" 2>&1 || true
 
-# -- 2. the fork onto the installed vLLM ---------------------------------------------------------------------
-"$py" -m kimi install-into "$site" > "$out/logs/install-into.log" 2>&1
+# -- 2. the fork onto the installed vLLM: the kit's line (a kit built before kits named theirs: the mainline) ----
+line=$(gk field "$site/.kit.json" line 2>/dev/null)
+line=${line:-mainline}
+note "putting the $line line on the installed vLLM"
+"$py" -m kimi install-into "$site" --line "$line" > "$out/logs/install-into.log" 2>&1
 rc=$?; step install_into $rc
 cat "$out/logs/install-into.log"
 if [ $rc -ne 0 ]; then finish $rc; fi
@@ -216,13 +225,16 @@ if [ $rc -ne 0 ] || [[ "$version" != *+kimi.* ]]; then tail -20 "$out/logs/impor
 
 # -- 2b. the fork's draft-head kernel with the host's nvcc (patch 0009 with KIMI_DRAFT_GREEDY=auto) --------
 PATH="$PATH:/usr/local/cuda/bin"
-lib=$(KIMI_KERNELS_BUILD_DIR=/tmp/kimi-kernels-host "$py" -m kimi kernels build --arch '9.0a;10.0a' --jobs 2 --json \
+if ! compgen -G "$root/kimi/lines/$line/patches/*-eagle3-greedy-draft-vocab.patch" > /dev/null; then
+  note "the $line line has no patch eagle3-greedy-draft-vocab: no draft-head kernel to build"; step kernels_build_skipped 0
+elif lib=$(KIMI_KERNELS_BUILD_DIR=/tmp/kimi-kernels-host "$py" -m kimi kernels build --arch '9.0a;10.0a' --jobs 2 --json \
       2> "$out/logs/kernels-build.log" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["library"])')
-rc=$?; step kernels_build $rc
-if [ $rc -eq 0 ] && [ -f "$lib" ]; then
+   [ -f "$lib" ]; then
+  step kernels_build 0
   export KIMI_DRAFT_HEAD_LIB=$lib
   note "draft-head kernel built: $lib (greedy drafts use it with KIMI_DRAFT_GREEDY=auto)"
 else
+  step kernels_build 1
   note "draft-head kernel not built (logs/kernels-build.log): greedy drafts use torch"
 fi
 

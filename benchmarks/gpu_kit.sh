@@ -2,7 +2,13 @@
 # Build the offline install kit of the pinned upstream vLLM for the GPU test host, inside the project (a
 # device call carries project paths only, and ../shared does not travel):
 #
-#   bash benchmarks/gpu_kit.sh [OUT_DIR] [--payload DIR]...      default OUT_DIR .kimi/gpu-kit-VERSION
+#   bash benchmarks/gpu_kit.sh [OUT_DIR] [--line LINE] [--payload DIR]...      default OUT_DIR .kimi/gpu-kit-VERSION
+#
+# LINE (kimi/lines/LINE; default KIMI_KIT_LINE, else the line whose pin.json names KIMI_KIT_VERSION, else the
+# mainline) gives VERSION (its pin's) and the series that `kimi install-into --line LINE` puts on the host
+# (kit.json's "line": gpu_call.sh reads it); the CUDA wheel downloaded is checked against the pin's sha256.
+# The kit's torch is the one the release's CUDA wheel requires (kimi/gpukit.py kit-torch), never the pin's
+# "torch", which is the line's CPU torch (the next line: 2.13.0 on CPU, while 0.34.0's CUDA wheel wants 2.14.0).
 #
 # The kit is ONE byte stream (an uncompressed tar: kit.json, vllm.tar.xz, wheels/*.whl, payload/...) cut
 # into chunks, OUT_DIR/chunk00.., described by OUT_DIR/MANIFEST.json (chunk names, sizes, sha256s, the total
@@ -10,13 +16,16 @@
 #   - what the shared build_kit.sh makes for VERSION (KIMI_GPU_SCRIPTS, default ../shared/gpu beside the
 #     checkout or /work/shared/gpu): upstream's CUDA wheel (installed files, FA2 left out) and every wheel
 #     it needs that the host lacks by name;
-#   - where the release pins a torch other than the host's 2.11.0 (vLLM 0.27-0.32: torch 2.13.0): that
-#     torch (cp312 manylinux x86_64), the triton and nvidia-nccl-cu13 its wheel pins (the host's NCCL
-#     2.28.9 lacks ncclCommResume) and the torchvision the release pins (the host's 0.26 is built for
+#   - where the release pins a torch other than the host's 2.11.0 (vLLM 0.27-0.32: torch 2.13.0; 0.33-0.34:
+#     2.14.0): that torch (cp312 manylinux x86_64), the triton and nvidia-nccl-cu13 its wheel pins (the host's
+#     NCCL 2.28.9 lacks ncclCommResume) and the torchvision the release pins (the host's 0.26 is built for
 #     torch 2.11);
-#   - the wheels of host packages whose known host version misses a pin (kimi/gpukit.py HOST_VERSIONS);
+#   - the wheels of host packages whose known host version misses a pin (kimi/gpukit.py HOST_VERSIONS), and of
+#     host packages that a carried wheel breaks (HOST_REQUIRES: 0.34.0's huggingface-hub 2.x, transformers);
 #     pins on host packages of unknown version are listed in OUT_DIR/host-pins.txt and checked on the host
 #     when the kit is installed (logs/check-reqs.log);
+#   - what kimi/lines/LINE/gpu-kit.txt names (requirements the release needs that the shared resolver skips;
+#     the next line: the CuTe DSL and QuACK, which vLLM 0.34.0 imports at every CUDA engine's start);
 #   - each --payload DIR (or KIMI_KIT_PAYLOADS, space-separated), e.g. a model pair folder: unpacked on the
 #     host under /tmp/kitpayload and linked at the same path in the repository (.kimi/models/x stays
 #     .kimi/models/x; the shipped pair models/pair needs none: it is tracked).
@@ -25,24 +34,27 @@
 # (wheels/, pip/, and gpu-kit/base-VERSION-KEY/ for build_kit.sh's output, KEY from the shared scripts),
 # so a rebuild (another payload, another chunk size) needs no network. ~1.3 GB of downloads for 0.32.0.
 #
-# Environment: KIMI_KIT_VERSION (default kimi/lines/mainline/pin.json's "version"), KIMI_KIT_TORCH (default
+# Environment: KIMI_KIT_LINE, KIMI_KIT_VERSION (default LINE's pin's "version"), KIMI_KIT_TORCH (default
 # the torch that the release's wheel requires; it must agree), KIMI_KIT_CHUNK_MIB (default from the tree, as
 # above), KIMI_KIT_PAYLOADS, KIMI_KIT_FORCE (comma-separated requirements to carry as well, e.g.
 # "pillow>=12.3.0,nvidia-cudnn-cu13==9.20.0.48"), KIMI_KIT_TORCHVISION=0 (leave torchvision out),
 # KIMI_GPU_SCRIPTS, KIMI_CACHE_DIR.
 #   e.g. KIMI_KIT_VERSION=0.32.0 KIMI_KIT_TORCH=2.13.0 bash benchmarks/gpu_kit.sh
+#        bash benchmarks/gpu_kit.sh --line next        (vLLM 0.34.0 + the next line's series, torch 2.14.0)
 #
 # It ends by printing the device calls to make (python3 kimi/gpukit.py calls --kit OUT_DIR prints them
 # again; --only chunk07,chunk08 for the ones a reply says are missing); see benchmarks/gpu_call.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 gk() { python3 "$root/kimi/gpukit.py" "$@"; }
-out="" payloads=()
+out="" payloads=() line=${KIMI_KIT_LINE:-}
 read -r -a payloads <<< "${KIMI_KIT_PAYLOADS:-}"
 while [ $# -gt 0 ]; do
   case $1 in
     --payload) payloads+=("$2"); shift 2 ;;
     --payload=*) payloads+=("${1#--payload=}"); shift ;;
+    --line) line=$2; shift 2 ;;
+    --line=*) line=${1#--line=}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) [ -z "$out" ] || { echo "gpu_kit: one OUT_DIR only" >&2; exit 2; }; out=$1; shift ;;
   esac
@@ -54,10 +66,9 @@ if [ -z "$scripts" ]; then
   done
 fi
 [ -n "$scripts" ] && [ -x "$scripts/build_kit.sh" ] || { echo "gpu_kit: no build_kit.sh (set KIMI_GPU_SCRIPTS)" >&2; exit 1; }
-pin=$root/kimi/lines/mainline/pin.json
-pin_version=$(gk field "$pin" version)
-pin_torch=$(gk field "$pin" torch)
-version=${KIMI_KIT_VERSION:-$pin_version}
+{ read -r line; read -r version; read -r pin_sha; } < <(gk line --lines "$root/kimi/lines" --line "$line" \
+  --version "${KIMI_KIT_VERSION:-}" || echo)
+[ -n "$version" ] || exit 1
 out=${out:-$root/.kimi/gpu-kit-$version}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 case $out/ in "$root"/*) ;; *) echo "gpu_kit: warning: $out is outside the repository; a device call cannot carry it" >&2 ;; esac
@@ -82,17 +93,14 @@ fetch() {
     | sed "s|^|$wheels/|"
 }
 
-echo "gpu_kit: vLLM $version (mainline pin: $pin_version) into $out"
+echo "gpu_kit: vLLM $version, line $line into $out"
 vwhl=$(fetch "vllm==$version")
 [ -f "$vwhl" ] || { echo "gpu_kit: no vllm $version wheel" >&2; exit 1; }
-release_torch=$(gk wheel-pin "$vwhl" torch)
-torch=${KIMI_KIT_TORCH:-${release_torch:-$pin_torch}}
-if [ -n "$release_torch" ] && [ "$torch" != "$release_torch" ]; then
-  echo "gpu_kit: vLLM $version requires torch==$release_torch, not KIMI_KIT_TORCH=$torch" >&2; exit 1
+if [ -n "$pin_sha" ] && [ "$(sha256sum < "$vwhl" | cut -d' ' -f1)" != "$pin_sha" ]; then
+  echo "gpu_kit: $vwhl is not the wheel kimi/lines/$line/pin.json pins (sha256 $pin_sha)" >&2; exit 1
 fi
-if [ "$version" = "$pin_version" ] && [ "$torch" != "$pin_torch" ]; then
-  echo "gpu_kit: warning: pin.json says torch $pin_torch, the release's wheel requires $torch (using $torch)" >&2
-fi
+torch=$(gk kit-torch "$vwhl" --torch "${KIMI_KIT_TORCH:-}") || exit 1
+echo "gpu_kit: torch $torch (what the CUDA wheel requires)"
 
 # -- 1. build_kit.sh's kit (cached by version and the shared scripts' contents) ---------------------------------
 key=$(cat "$scripts/build_kit.sh" "$scripts/resolve_wheels.py" "$scripts/host-packages.txt" | sha256sum | cut -c1-12)
@@ -129,12 +137,19 @@ if [ "$torch" != "$host_torch" ]; then
   if [ -n "$tv" ] && [ "${KIMI_KIT_TORCHVISION:-1}" != 0 ]; then add_wheel "$(fetch "torchvision==$tv")"; fi
 fi
 
+# -- 2b. what kimi/lines/LINE/gpu-kit.txt adds (0.34.0: the CuTe DSL and QuACK, which the shared skip leaves out)
+for req in $(gk line-requires --lines "$root/kimi/lines" "$line"); do add_wheel "$(fetch "$req")"; done
+
 # -- 3. pins the host's own packages miss -------------------------------------------------------------------------
 skip=$(gk skip-names "$scripts/resolve_wheels.py" --carried "$stage/wheels")
 gk host-pins "$stage"/wheels/*.whl "$vwhl" --host-packages "$scripts/host-packages.txt" --skip "$skip" > "$out/host-pins.txt"
 force=$(gk host-pins "$stage"/wheels/*.whl "$vwhl" --host-packages "$scripts/host-packages.txt" --skip "$skip" --misses)
 IFS=, read -r -a extra <<< "${KIMI_KIT_FORCE:-}"
 for req in $force "${extra[@]}"; do [ -n "$req" ] && add_wheel "$(fetch "$req")"; done
+# host packages that what is carried now breaks (vLLM 0.34.0's huggingface-hub 2.x and the host's transformers)
+for req in $(gk host-broken "$vwhl" "$stage"/wheels/*.whl); do
+  echo "gpu_kit: the carried wheels break the host's ${req%%[<>=!~]*}: carrying $req"; add_wheel "$(fetch "$req")"
+done
 grep -v '^unverified' "$out/host-pins.txt" | sed 's/^/gpu_kit: /' || true
 unverified=$(grep '^unverified' "$out/host-pins.txt" | cut -d' ' -f8 | tr '\n' ' ' || true)
 [ -z "$unverified" ] || echo "gpu_kit: host packages of unknown version with pins (checked on the host at install;" \
@@ -152,7 +167,7 @@ done
 chunk_mib=${KIMI_KIT_CHUNK_MIB:-$(gk chunk-mib --root "$root")}
 rm -f "$out"/part* "$out/SHA256" "$out/PARTS.sha256" "$out/VERSION"   # the earlier kit format
 gk pack --out "$out" --chunk-mib "$chunk_mib" --add "vllm.tar.xz=$stage/vllm.tar.xz" --add "wheels=$stage/wheels" \
-  "${pargs[@]}" --meta "version=$version" --meta "torch=$torch" --meta "host_torch=$host_torch" \
+  "${pargs[@]}" --meta "version=$version" --meta "line=$line" --meta "torch=$torch" --meta "host_torch=$host_torch" \
   --meta "skip=$skip" --meta "base=base-$version-$key" --meta "chunk_mib=$chunk_mib"
 echo
 gk calls --kit "$out" --root "$root"

@@ -12,9 +12,13 @@ all are there, checks the total sha256 and unpacks the stream.
 Build side (here, with the package index; ``benchmarks/gpu_kit.sh`` drives these)::
 
     python3 kimi/gpukit.py chunk-mib --root .          default chunk size for this working tree
+    python3 kimi/gpukit.py line --lines kimi/lines [--line L] [--version V]   line, version, pinned wheel sha256
+    python3 kimi/gpukit.py line-requires --lines kimi/lines LINE   what the line's gpu-kit.txt adds to its kit
+    python3 kimi/gpukit.py kit-torch CUDA_WHEEL [--torch T]   the torch the kit carries (the wheel's, not the pin's)
     python3 kimi/gpukit.py wheel-pin WHEEL NAME        the ==version that WHEEL requires of NAME
     python3 kimi/gpukit.py torch-stack TORCH_WHEEL     what must travel with a torch the host lacks
     python3 kimi/gpukit.py host-pins WHEEL...          requirements the host's own packages may miss
+    python3 kimi/gpukit.py host-broken VLLM_WHEEL WHEEL...   host packages the carried wheels break
     python3 kimi/gpukit.py pack --out KIT ...          the stream -> KIT/chunkNN + KIT/MANIFEST.json
     python3 kimi/gpukit.py calls --kit KIT             the device calls to make, in order
 
@@ -60,11 +64,13 @@ MAX_CHUNK_MIB = 60
 HOST_TORCH = "2.11.0"    # torch on the GPU host (2.11.0+cu130)
 BLOCK = 8 * MiB
 
-# The torch releases tried on the host (/work/shared/gpu/README.md) and what had to travel with them.
-# The versions are read from the torch wheel's own Requires-Dist; this table names the companions (a
-# torch not listed gets triton and the NCCL wheel, with a warning) and cross-checks the versions.
+# The torch releases tried on the host (/work/shared/gpu/README.md; 2.14.0 on the H100 on 2026-12-05:
+# benchmarks/results/gpu_e2e-0.34.0.md) and what had to travel with them. The versions are read from the
+# torch wheel's own Requires-Dist; this table names the companions (a torch not listed gets triton and the
+# NCCL wheel, with a warning) and cross-checks the versions the wheel pins exactly (2.14 asks triton~=3.8.0).
 TORCH_STACKS: dict[str, dict[str, str]] = {
     "2.13.0": {"triton": "3.7.1", "nvidia-nccl-cu13": "2.29.7"},
+    "2.14.0": {"triton": "3.8.0", "nvidia-nccl-cu13": "2.30.7"},
 }
 DEFAULT_COMPANIONS = ("triton", "nvidia-nccl-cu13")
 
@@ -76,6 +82,10 @@ HOST_VERSIONS = {
     "torchaudio": "2.11.0", "torchvision": "0.26.0", "transformers": "5.17.0", "triton": "3.6.0",
     "nvidia-nccl-cu13": "2.28.9", "nvidia-cudnn-cu13": "9.19.0.56",
 }
+# What host packages (at HOST_VERSIONS) require of packages a kit may carry (read from their wheels' metadata).
+# A carried version outside it breaks that host package: transformers 5.17.0 checks at import that
+# huggingface-hub is <2.0, and vLLM 0.34.0 wants >=2.0.0, so transformers travels too (host_broken).
+HOST_REQUIRES = {"transformers": {"huggingface-hub": "<2.0,>=1.5.0", "tokenizers": "<0.24.0,>=0.23.1"}}
 # The CUDA libraries torch pins exactly: a miss is reported, never carried on its own (cuDNN is ~700 MB;
 # torch 2.13 ran on the host with its cuDNN 9.19 for everything but cudnn convolutions).
 NOT_AUTO_CARRIED = re.compile(r"^(nvidia-|cuda-)")
@@ -530,22 +540,33 @@ def wheel_requires(wheel: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
 
 
-_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*===?\s*([^\s;,]+)\s*(?:;(.*))?$")
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?\s*([<>=!~][^;)]*?)\s*\)?\s*(?:;(.*))?$")
+
+
+def requirement_specs(requires: Iterable[str]) -> dict[str, str]:
+    """{normalized name: version specifier, spaces removed (``==2.13.0``, ``~=3.8.0``, ``<14,>=13.0.3``)} of the
+    requirements that name versions and are not behind an extra."""
+    specs = {}
+    for req in requires:
+        m = _REQ.match(req)
+        if m and "extra" not in (m.group(3) or ""):
+            specs.setdefault(norm(m.group(1)), re.sub(r"\s+", "", m.group(2)))
+    return specs
 
 
 def exact_pins(requires: Iterable[str]) -> dict[str, str]:
     """{normalized name: version} of the ``name==version`` requirements that are not behind an extra."""
-    pins = {}
-    for req in requires:
-        m = _PIN.match(req)
-        if m and "extra" not in (m.group(3) or ""):
-            pins.setdefault(norm(m.group(1)), m.group(2))
-    return pins
+    return {name: spec.lstrip("=") for name, spec in requirement_specs(requires).items()
+            if re.fullmatch(r"===?[^,<>=!~*]+", spec)}
 
 
 def torch_stack(torch_wheel: Path) -> tuple[str, list[str], list[str]]:
-    """(torch version, [requirement] of the companions that must travel with it, [warning])."""
+    """(torch version, [requirement] of the companions that must travel with it, [warning]).
+
+    Each companion travels as the torch wheel requires it: ``triton==3.7.1`` (torch 2.13), ``triton~=3.8.0``
+    (torch 2.14: the newest 3.8.x on the index); the table's versions are checked against exact pins only."""
     version = Path(torch_wheel).name.split("-")[1].split("+")[0]
+    specs = requirement_specs(wheel_requires(torch_wheel))
     pins = exact_pins(wheel_requires(torch_wheel))
     table = TORCH_STACKS.get(version)
     warnings = []
@@ -554,12 +575,12 @@ def torch_stack(torch_wheel: Path) -> tuple[str, list[str], list[str]]:
                         f"carrying {', '.join(DEFAULT_COMPANIONS)} as for those")
     reqs = []
     for name in table or DEFAULT_COMPANIONS:
-        if name not in pins:
+        if name not in specs:
             raise KitError(f"torch {version}'s wheel pins no {name}: add it to TORCH_STACKS in kimi/gpukit.py")
-        if table and table[name] != pins[name]:
+        if table and name in pins and table[name] != pins[name]:
             warnings.append(f"torch {version} requires {name}=={pins[name]}; the table says {table[name]} "
                             "(using the wheel's)")
-        reqs.append(f"{name}=={pins[name]}")
+        reqs.append(f"{name}{specs[name]}")
     return version, reqs, warnings
 
 
@@ -571,6 +592,72 @@ def resolve_skip(resolve_wheels_py: Path) -> list[str]:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "DEFAULT_SKIP" for t in node.targets):
             return sorted(norm(x) for x in ast.literal_eval(node.value))
     raise KitError(f"no DEFAULT_SKIP in {resolve_wheels_py}")
+
+
+# -- the kit's line and torch ----------------------------------------------------------------------------------
+
+def kit_line(lines: Path, line: str | None = None, version: str | None = None) -> tuple[str, str, str]:
+    """(line, vLLM version, sha256 of the CUDA wheel its pin names, or "") of a kit: ``line``
+    (``kimi/lines/<line>``) at its pin's version, or else the line whose pin names ``version`` (the mainline
+    first; the mainline, with no sha256, when none does), or else the mainline's pin.
+
+    The line decides which series ``kimi install-into`` puts on the host's vLLM, so a 0.34.0 kit installs the
+    ``next`` line, not the mainline's 0.32.0 patches.
+
+    Raises:
+        KitError: no such line, or ``version`` is not the named line's.
+    """
+    def pin(name: str) -> dict:
+        try:
+            found = json.loads((lines / name / "pin.json").read_text())
+        except (OSError, ValueError):
+            found = {}
+        if "version" not in found:
+            raise KitError(f"no line {name!r} ({lines / name / 'pin.json'} missing or without a version)")
+        return found
+
+    def sha(found: dict) -> str:
+        return found.get("artifacts", {}).get("cuda_wheel", {}).get("sha256", "")
+
+    if line:
+        found = pin(line)
+        if version and version != found["version"]:
+            raise KitError(f"line {line} pins vLLM {found['version']}, not {version}")
+        return line, found["version"], sha(found)
+    if not version:
+        found = pin("mainline")
+        return "mainline", found["version"], sha(found)
+    names = ["mainline", *sorted(p.parent.name for p in lines.glob("*/pin.json") if p.parent.name != "mainline")]
+    match = next((n for n in names if pin(n)["version"] == version), None)
+    return (match, version, sha(pin(match))) if match else ("mainline", version, "")
+
+
+def line_requires(lines: Path, line: str) -> list[str]:
+    """The requirements ``kimi/lines/<line>/gpu-kit.txt`` adds to the line's GPU kit (one a line, ``#`` comments;
+    none without the file): what the release needs that the shared resolver leaves out (0.34.0: the CuTe DSL, QuACK)."""
+    path = lines / line / "gpu-kit.txt"
+    if not path.is_file():
+        return []
+    return [r for r in (raw.split("#", 1)[0].strip() for raw in path.read_text().splitlines()) if r]
+
+
+def kit_torch(cuda_wheel: Path, requested: str | None = None) -> str:
+    """The torch a GPU kit carries: the one the release's CUDA wheel requires (``torch==X``).
+
+    A line's ``pin.json`` names the torch of its CPU path (the next line's says 2.13.0 while vLLM 0.34.0's CUDA
+    wheel requires 2.14.0), so it never decides a GPU kit's torch. ``requested`` (``KIMI_KIT_TORCH``) must agree
+    with the wheel, and names the torch when the wheel pins none.
+
+    Raises:
+        KitError: ``requested`` disagrees with the wheel, or neither names a torch.
+    """
+    pinned = exact_pins(wheel_requires(cuda_wheel)).get("torch")
+    if pinned and requested and requested != pinned:
+        raise KitError(f"{Path(cuda_wheel).name} requires torch=={pinned}, not KIMI_KIT_TORCH={requested}")
+    if not (pinned or requested):
+        raise KitError(f"{Path(cuda_wheel).name} pins no torch: name the one its kernels are built against with "
+                       "KIMI_KIT_TORCH")
+    return pinned or requested
 
 
 # -- requirement checks (build: against HOST_VERSIONS; host: against what is installed) -------------------------
@@ -639,6 +726,27 @@ def host_pins(wheels: list[Path], host_packages: set[str], skip: set[str]) -> li
                 state = "older" if lower else (state if state == "older" else "newer")
         entry["state"] = state
     return sorted(found.values(), key=lambda e: e["name"])
+
+
+def host_broken(release: Path, wheels: list[Path]) -> list[str]:
+    """The host packages that the carried ``wheels`` break (:data:`HOST_REQUIRES`), each as the requirement to
+    carry it by: the release wheel's own on it (``transformers<5.23.0,>=5.16.1``: the newest it accepts), else any
+    version. Needs ``packaging``."""
+    _, Version, _ = _packaging()
+    from_release = requirement_specs(wheel_requires(release))
+    carried = {wheel_name(w.name): w.name.split("-")[1] for w in wheels}
+    out = []
+    for host, needs in HOST_REQUIRES.items():
+        if host in carried:
+            continue
+        if any(name in carried and not _spec_contains(spec, Version(carried[name])) for name, spec in needs.items()):
+            out.append(host + from_release.get(host, ""))
+    return out
+
+
+def _spec_contains(spec: str, version) -> bool:
+    Requirement, _, _ = _packaging()
+    return Requirement(f"x{spec}").specifier.contains(version, prereleases=True)
 
 
 def _host_pins_report(entries: list[dict]) -> list[str]:
@@ -773,11 +881,24 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("wheel-pin", help="the ==version that WHEEL requires of NAME (empty if none)")
     p.add_argument("wheel", type=Path)
     p.add_argument("name")
+    p = sub.add_parser("line", help="the kit's line, vLLM version and pinned CUDA-wheel sha256, one a line")
+    p.add_argument("--lines", type=Path, required=True, help="kimi/lines")
+    p.add_argument("--line")
+    p.add_argument("--version")
+    p = sub.add_parser("line-requires", help="requirements kimi/lines/LINE/gpu-kit.txt adds to the kit, one a line")
+    p.add_argument("--lines", type=Path, required=True, help="kimi/lines")
+    p.add_argument("line")
+    p = sub.add_parser("kit-torch", help="the torch a GPU kit carries: the one the CUDA wheel requires")
+    p.add_argument("wheel", type=Path)
+    p.add_argument("--torch", help="KIMI_KIT_TORCH: must agree with the wheel; needed if it pins none")
     p = sub.add_parser("skip-names", help="resolve_wheels.py's DEFAULT_SKIP less the carried wheels, comma-separated")
     p.add_argument("resolve_wheels", type=Path)
     p.add_argument("--carried", type=Path, help="the folder of carried wheels")
     p = sub.add_parser("torch-stack", help="requirements that must travel with this torch wheel")
     p.add_argument("wheel", type=Path)
+    p = sub.add_parser("host-broken", help="host packages the carried WHEELs break, as requirements to carry them by")
+    p.add_argument("release", type=Path, help="the vllm wheel (its requirement on a broken package is used)")
+    p.add_argument("wheels", type=Path, nargs="*")
     p = sub.add_parser("host-pins", help="requirements of WHEELs that the host's own packages may miss")
     p.add_argument("wheels", type=Path, nargs="+")
     p.add_argument("--host-packages", type=Path, required=True)
@@ -832,6 +953,12 @@ def _run(a: argparse.Namespace) -> int:
         print(mib)
     elif a.cmd == "wheel-pin":
         print(exact_pins(wheel_requires(a.wheel)).get(norm(a.name), ""))
+    elif a.cmd == "line":
+        print("\n".join(kit_line(a.lines, a.line or None, a.version or None)))
+    elif a.cmd == "line-requires":
+        print("\n".join(line_requires(a.lines, a.line)))
+    elif a.cmd == "kit-torch":
+        print(kit_torch(a.wheel, a.torch or None))
     elif a.cmd == "skip-names":
         carried = {wheel_name(w.name) for w in a.carried.glob("*.whl")} if a.carried else set()
         print(",".join(n for n in resolve_skip(a.resolve_wheels) if n not in carried))
@@ -840,6 +967,10 @@ def _run(a: argparse.Namespace) -> int:
         for w in warnings:
             print(f"gpukit: warning: {w}", file=sys.stderr)
         print("\n".join(reqs))
+    elif a.cmd == "host-broken":
+        if _packaging() is None:
+            raise KitError("host-broken needs `packaging`")
+        print("\n".join(host_broken(a.release, a.wheels)))
     elif a.cmd == "host-pins":
         if _packaging() is None:
             raise KitError("host-pins needs `packaging`")

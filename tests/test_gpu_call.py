@@ -201,13 +201,62 @@ def test_torch_stack_comes_from_the_torch_wheels_own_pins(tmp_path: Path) -> Non
             'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"', 'optree>=0.13.0; extra == "optree"')
     torch = _wheel(tmp_path, "torch", "2.13.0", {}, pins)
     assert gpukit.torch_stack(torch) == ("2.13.0", ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"], [])
-    other = _wheel(tmp_path / "b", "torch", "2.14.0", {}, pins)
+    other = _wheel(tmp_path / "b", "torch", "2.99.0", {}, pins)
     version, reqs, warnings = gpukit.torch_stack(other)
     assert reqs == ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"] and "not tried on the GPU host" in warnings[0]
     with pytest.raises(gpukit.KitError, match="pins no nvidia-nccl-cu13"):
         gpukit.torch_stack(_wheel(tmp_path / "c", "torch", "2.13.0", {}, pins[:2]))
     vllm = _wheel(tmp_path, "vllm", "0.32.0", {}, ("torch==2.13.0", "torchvision==0.28.0", "regex"))
     assert gpukit.exact_pins(gpukit.wheel_requires(vllm)) == {"torch": "2.13.0", "torchvision": "0.28.0"}
+    # torch 2.14 requires triton~=3.8.0, a range: it travels as the wheel says (the newest 3.8.x)
+    ranged = _wheel(tmp_path / "d", "torch", "2.14.0", {}, (
+        'triton~=3.8.0; platform_system == "Linux" and python_version < "3.15"',
+        'nvidia-nccl-cu13==2.30.7; platform_system == "Linux"',
+        'cuda-bindings<14,>=13.0.3; platform_system == "Linux"'))
+    assert gpukit.torch_stack(ranged)[1] == ["triton~=3.8.0", "nvidia-nccl-cu13==2.30.7"]
+    assert gpukit.requirement_specs(gpukit.wheel_requires(ranged))["cuda-bindings"] == "<14,>=13.0.3"
+    assert gpukit.exact_pins(["torch (==2.14.0)", "triton~=3.8.0"]) == {"torch": "2.14.0"}
+
+
+def test_the_kits_line_is_named_or_found_by_the_version_its_pin_names(tmp_path: Path) -> None:
+    """A 0.34.0 kit is the next line's (its series goes on the host), not the mainline's 0.32.0."""
+    lines = tmp_path / "lines"
+    for line, version, sha in (("mainline", "0.32.0", "a" * 64), ("next", "0.34.0", "b" * 64), ("v0.26", "0.26.0", "")):
+        (lines / line).mkdir(parents=True)
+        artifacts = {"cuda_wheel": {"file": f"vllm-{version}.whl", "sha256": sha}} if sha else {}
+        (lines / line / "pin.json").write_text(json.dumps({"version": version, "torch": "2.13.0",
+                                                           "artifacts": artifacts}))
+    assert gpukit.kit_line(lines) == ("mainline", "0.32.0", "a" * 64)
+    assert gpukit.kit_line(lines, version="0.34.0") == ("next", "0.34.0", "b" * 64)
+    assert gpukit.kit_line(lines, line="next") == ("next", "0.34.0", "b" * 64)
+    assert gpukit.kit_line(lines, version="0.26.0") == ("v0.26", "0.26.0", "")
+    assert gpukit.kit_line(lines, version="0.33.0") == ("mainline", "0.33.0", "")  # no pin: nothing to check against
+    with pytest.raises(gpukit.KitError, match="line next pins vLLM 0.34.0, not 0.32.0"):
+        gpukit.kit_line(lines, line="next", version="0.32.0")
+    with pytest.raises(gpukit.KitError, match="no line 'nope'"):
+        gpukit.kit_line(lines, line="nope")
+    # a line's gpu-kit.txt: what its release needs that the shared resolver skips (0.34.0: the CuTe DSL)
+    (lines / "next" / "gpu-kit.txt").write_text("# why\nnvidia-cutlass-dsl==4.8.0  # the DSL\n\nx-libs-cu13==4.8.0\n")
+    assert gpukit.line_requires(lines, "next") == ["nvidia-cutlass-dsl==4.8.0", "x-libs-cu13==4.8.0"]
+    assert gpukit.line_requires(lines, "mainline") == []
+    shipped = gpukit.line_requires(ROOT / "kimi" / "lines", "next")
+    assert "nvidia-cutlass-dsl-libs-cu13==4.8.0" in shipped and not any("cu12" in r for r in shipped)
+
+
+def test_a_gpu_kits_torch_is_the_cuda_wheels_not_the_lines_cpu_torch(tmp_path: Path) -> None:
+    """The next line's pin says torch 2.13.0 (its CPU path); vLLM 0.34.0's CUDA wheel requires 2.14.0: the kit
+    carries 2.14.0, and the pin's torch is never a GPU kit's fallback."""
+    wheel = _wheel(tmp_path, "vllm", "0.34.0", {}, ("torch==2.14.0", "torchvision==0.29.0", "regex"))
+    assert gpukit.kit_torch(wheel) == "2.14.0" and gpukit.kit_torch(wheel, "2.14.0") == "2.14.0"
+    with pytest.raises(gpukit.KitError, match="requires torch==2.14.0, not KIMI_KIT_TORCH=2.13.0"):
+        gpukit.kit_torch(wheel, "2.13.0")
+    unpinned = _wheel(tmp_path / "u", "vllm", "0.99.0", {}, ("torch>=2.11", "regex"))
+    with pytest.raises(gpukit.KitError, match="pins no torch"):
+        gpukit.kit_torch(unpinned)
+    assert gpukit.kit_torch(unpinned, "2.14.1") == "2.14.1"
+    run = subprocess.run([sys.executable, str(ROOT / "kimi" / "gpukit.py"), "kit-torch", str(wheel), "--torch", ""],
+                         capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "2.14.0"
 
 
 def test_host_pins_carry_only_what_the_host_has_too_old(tmp_path: Path) -> None:
@@ -222,6 +271,17 @@ def test_host_pins_carry_only_what_the_host_has_too_old(tmp_path: Path) -> None:
     assert "host misses, carried: transformers" in lines and "host misses, reported only: nvidia-cudnn-cu13" in lines
     assert "host newer, reported only: numpy" in lines
     assert "unverified (checked on the host at install): aiohttp" in lines
+
+
+def test_a_host_package_that_a_carried_wheel_breaks_travels_too(tmp_path: Path) -> None:
+    """vLLM 0.34.0 wants huggingface-hub>=2.0.0, the host's transformers 5.17.0 checks at import for <2.0: the kit
+    carries transformers too, as the release requires it (the newest it accepts)."""
+    pytest.importorskip("packaging")
+    vllm = _wheel(tmp_path, "vllm", "0.34.0", {}, ("transformers<5.23.0,>=5.16.1", "huggingface_hub>=2.0.0"))
+    hub2 = _wheel(tmp_path / "a", "huggingface_hub", "2.4.0", {})
+    assert gpukit.host_broken(vllm, [hub2]) == ["transformers<5.23.0,>=5.16.1"]
+    assert gpukit.host_broken(vllm, [_wheel(tmp_path / "b", "huggingface_hub", "1.40.0", {})]) == []
+    assert gpukit.host_broken(vllm, [hub2, _wheel(tmp_path / "c", "transformers", "5.22.0", {})]) == []
 
 
 def test_calls_helper_prints_the_device_calls_in_order(tmp_path: Path) -> None:
@@ -358,6 +418,62 @@ def test_the_kit_with_chunks_is_taken_when_an_older_kits_manifest_is_left(tmp_pa
     assert r.returncode == 3 and "several kits carried" in r.stdout
     r = _call(repo, tmp_path, 2, KIMI_KIT_DIR=str(repo / KIT))
     assert r.returncode == 0 and _names(kit)[0] in r.stdout
+
+
+def _recording_python(tmp: Path) -> Path:
+    """A python that answers the fork's install (recording its arguments in tmp/install-into.args), the vllm import
+    and the kernel build, and runs everything else with this Python."""
+    fake, args = tmp / "python", tmp / "install-into.args"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'case "$*" in\n'
+                    f"  *install-into*) echo \"$*\" > {args}; echo 'install-into: done'; exit 0 ;;\n"
+                    "  *'import vllm'*) echo 0.32.0+kimi.1.cuda; exit 0 ;;\n"
+                    "  *'kernels build'*) echo '{\"library\": \"\"}'; exit 0 ;;\n"
+                    "esac\n"
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_the_kits_line_is_the_series_put_on_the_installed_vllm(tmp_path: Path) -> None:
+    """A kit built for the next line (kit.json "line") gets `install-into --line next`; one without a line (built
+    before kits named theirs) the mainline. A line without the draft-greedy patch builds no draft-head kernel."""
+    src = tmp_path / "src"
+    _fake_kit(tmp_path)
+    kit = tmp_path / "kit-next"
+    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
+                {"version": "0.34.0", "line": "next", "torch": "2.13.0", "skip": []})
+    env = {"KIMI_GPU_STEPS": "install", "KIMI_PYTHON": str(_recording_python(tmp_path))}
+    r = _call(_repo(tmp_path, tmp_path / "kit", _names(tmp_path / "kit")), tmp_path, 0, **env)
+    assert r.returncode == 0 and (tmp_path / "install-into.args").read_text().split()[-2:] == ["--line", "mainline"]
+    r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 1, **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "install-into.args").read_text().split()[-3:] == [str(tmp_path / "site"), "--line", "next"]
+    assert "putting the next line on the installed vLLM" in r.stdout
+    repo = _repo(tmp_path, kit, [], manifest=False)  # the next line's kit stays installed: this call runs "true"
+    (repo / "kimi" / "lines" / "next" / "patches").mkdir(parents=True)
+    r = _call(repo, tmp_path, 2, "true", **{**env, "KIMI_GPU_STEPS": "all"})
+    assert r.returncode == 0 and "no draft-head kernel to build" in r.stdout, r.stdout + r.stderr
+    assert "kernels_build_skipped" in _steps(tmp_path, 2)
+
+
+def test_what_the_sites_pth_files_add_is_on_the_path(tmp_path: Path) -> None:
+    """The CuTe DSL (carried for vLLM 0.34.0) puts its `cutlass` on the path through a .pth file, which Python reads
+    in site directories only, not in a --target folder on PYTHONPATH: gpu_call.sh adds what the site's .pth files
+    add, so `import cutlass` works in COMMAND and in the engines it starts."""
+    src = tmp_path / "src"
+    _fake_kit(tmp_path)
+    _wheel(src / "wheels", "fakedsl", "1.0", {
+        "fakedsl/__init__.py": "", "fakedsl/dsl_packages/fakecutlass.py": "OK = 'dsl on the path'\n",
+        "fakedsl_packages.pth": "import sys, os, fakedsl; "
+                                "sys.path.insert(0, os.path.join(fakedsl.__path__[0], 'dsl_packages'))\n"})
+    kit = tmp_path / "kit-dsl"
+    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
+                {"version": "0.34.0", "line": "next", "torch": "2.13.0", "skip": []})
+    env = {"KIMI_GPU_STEPS": "all", "KIMI_PYTHON": str(_recording_python(tmp_path))}
+    r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0, sys.executable, "-c",
+              "import fakecutlass; print(fakecutlass.OK)", **env)
+    assert r.returncode == 0 and "dsl on the path" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_command_that_overruns_is_stopped_before_the_calls_limit(tmp_path: Path) -> None:

@@ -131,6 +131,45 @@ def test_summary_has_the_issue_keys_and_judges_the_runs(tmp_path: Path) -> None:
     assert summary["cuda_graphs"] is False  # one eager run is enough to say no
 
 
+def test_the_pair_is_judged_against_its_own_baseline_and_batch_invariance_wants_every_sequence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--pair`` runs (pair_base, pair_kK) compare with pair_base, not the reference target's base; under
+    VLLM_BATCH_INVARIANT=1 one sequence that parts fails the call even where 90 % are identical."""
+    run = _run(tmp_path, serve=False)
+    run.prompts = [[i, i + 1] for i in range(10)]
+    run.spec_names, run.planned = {"llama_k3", "pair_k3"}, {"base", "llama_k3", "pair_base", "pair_k3"}
+    ten = [[i, 0, 0] for i in range(10)]
+    run.record(Outcome("base", "done", result=_done(ten)))
+    run.record(Outcome("llama_k3", "done", result=_done(ten, drafts=4)))
+    run.record(Outcome("pair_base", "done", result=_done([[7, 7, 7]] * 10)))
+    run.record(Outcome("pair_k3", "done", result=_done([[7, 7, 7]] * 9 + [[7, 7, 8]], drafts=4)))
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    summary = write_results(run)
+    assert summary["lossless"]["pair_k3"]["identical"] == 9 and summary["checks"]["lossless_at_least_90_percent"]
+    assert "batch_invariant_every_sequence_identical" not in summary["checks"] and summary["passed"]
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    summary = write_results(run)
+    assert summary["checks"]["batch_invariant_every_sequence_identical"] is False and not summary["passed"]
+    assert summary["settings"]["batch_invariant"] is True
+    assert "VLLM_BATCH_INVARIANT=1: True" in (tmp_path / "out" / "gpu_e2e.md").read_text()
+
+
+def test_the_pair_runs_get_prompts_of_their_own_tokenizer(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    from kimi.bench.gpu_e2e.plan import plan
+    from kimi.models import SHIPPED_PAIR
+
+    run = _run(tmp_path, ks=[1, 3], styles=["llama"], k25=False, pair=SHIPPED_PAIR)
+    run.models = {"kimi_k25": False}
+    first, styles, _ = plan(run, tmp_path / "models")
+    pair = styles["pair"]
+    assert [j.name for j in pair] == ["pair_base", "pair_k1", "pair_k3"] and pair[0].spec is None
+    assert pair[2].spec == {"method": "eagle3", "model": str(SHIPPED_PAIR / "drafter"), "num_speculative_tokens": 3}
+    assert {j.target for j in pair} == {str(SHIPPED_PAIR / "target")} and first[0].prompts is None
+    assert pair[0].prompts == pair[2].prompts and len(pair[0].prompts) == len(run.prompts)
+    assert run.spec_names == {"llama_k1", "llama_k3", "pair_k1", "pair_k3"} and "pair_base" in run.planned
+
+
 def test_a_lane_replaces_a_hung_worker_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that hangs in a job is killed at the job's timeout; the next job runs in a fresh worker."""
     fake = tmp_path / "fake_worker.py"

@@ -123,8 +123,9 @@ def engine_info(llm) -> dict:
         sizes = config.compilation_config.cudagraph_capture_sizes or []
         info["cudagraph_capture_sizes"] = [min(sizes), max(sizes), len(sizes)] if sizes else []
         info["architecture"] = (config.model_config.architectures or ["?"])[0]
-        # the fork's default for DeepSeek-V3 targets with a non-MLA EAGLE-3 drafter is V2 (patch 0013)
-        info["model_runner"] = "v2" if config.use_v2_model_runner else "v1"
+        # the fork's default for DeepSeek-V3 targets with a non-MLA EAGLE-3 drafter is V2 (patch 0013); vLLM
+        # 0.34.0 has no V1 runner and no use_v2_model_runner
+        info["model_runner"] = "v2" if getattr(config, "use_v2_model_runner", True) else "v1"
         if config.speculative_config is not None:
             spec = config.speculative_config
             info["draft_architecture"] = (spec.draft_model_config.architectures or ["?"])[0]

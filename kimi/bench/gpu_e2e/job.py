@@ -17,7 +17,7 @@ def run(job: dict, spec: dict, report: JobReport) -> dict:
     tokens, with a line in the lane's log before and after."""
     print(f"=== {job['name']}: {job['target']} spec={json.dumps(job['spec'])} engine={json.dumps(job['engine'])}",
           flush=True)
-    result = run_job(job, spec["prompts"], spec["tokens"])
+    result = run_job(job, job.get("prompts") or spec["prompts"], spec["tokens"])
     print(f"=== {job['name']}: done, counters {result['counters']}", flush=True)
     return result
 

@@ -20,7 +20,8 @@ from kimi.bench.workers import WorkerProcess, checkout, worker_env
 @dataclass
 class Job:
     """One engine run: ``spec`` is vLLM's ``speculative_config`` (None: the target alone), ``engine`` the
-    ``LLM(...)`` settings, ``group`` the baseline it is compared with, ``images`` the Kimi-K2.5 image requests."""
+    ``LLM(...)`` settings, ``group`` the baseline it is compared with, ``images`` the Kimi-K2.5 image requests,
+    ``prompts`` its own prompt ids where its target's tokenizer is not the reference target's (the shipped pair)."""
 
     name: str
     target: str
@@ -29,6 +30,7 @@ class Job:
     group: str
     timeout_s: float
     images: dict | None = None
+    prompts: list[list[int]] | None = None
 
 
 @dataclass
@@ -116,8 +118,8 @@ def run_lane(run: Run, lane: str, jobs: list[Job], on_error=None) -> None:
         attempt += 1
         batch = remaining[:1] if run.args.fresh_process else remaining
         spec = {"prompts": run.prompts, "tokens": run.args.tokens, "job_timeout_s": max(j.timeout_s for j in batch),
-                "jobs": [{"name": j.name, "target": j.target, "spec": j.spec, "engine": j.engine, "images": j.images}
-                         for j in batch]}
+                "jobs": [{"name": j.name, "target": j.target, "spec": j.spec, "engine": j.engine, "images": j.images,
+                          "prompts": j.prompts} for j in batch]}
         worker = WorkerProcess(spec, run.args.scratch / f"jobs-{lane}-{attempt}.json",
                                run.args.scratch / f"events-{lane}-{attempt}.jsonl", log_path, lane_env(run, lane),
                                append_log=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from kimi.bench.gpu_e2e import log
 from kimi.bench.gpu_e2e.lanes import Job, Run
 from kimi.bench.workers import checkout, tail
+from kimi.e2e.prompts import code_prompt_ids
 from kimi.errors import KimiError
 
 #: Image requests of the Kimi-K2.5 runs: the wrapper's placeholder token (kimi.models.kimi_k25.MEDIA_TOKEN) in
@@ -26,6 +27,11 @@ PROFILES = {
     "cpu_smoke": (("prompts", 4), ("tokens", 8), ("ks", [1]), ("lanes", 1), ("k25_k", 1), ("serve_k", 1),
                   ("clients", 4), ("budget_s", 3000), ("job_timeout_s", 900), ("min_job_s", 10)),
 }
+
+
+def prompt_max_len(engine: dict, tokens: int) -> int:
+    """The longest prompt (tokens) that leaves room for ``tokens`` generated ones in ``engine``'s context."""
+    return min(96, engine["max_model_len"] - tokens - 8)
 
 
 def apply_profiles(args: argparse.Namespace, argv: list[str]) -> None:
@@ -69,9 +75,10 @@ def plan(run: Run, models: Path) -> tuple[list[Job], dict[str, list[Job]], list[
     a = run.args
     timeout = a.job_timeout_s
 
-    def job(name: str, target: str, style: str | None, k: int | None, group: str = "target") -> Job:
-        spec = None if style is None else {"method": "eagle3", "model": str(models / f"drafter-{style}"),
-                                           "num_speculative_tokens": k}
+    def job(name: str, target: str | Path, style: str | Path | None, k: int | None, group: str = "target") -> Job:
+        """``style`` names a reference drafter (``drafter-<style>``) or is a drafter folder."""
+        drafter = style if isinstance(style, Path) else models / f"drafter-{style}"
+        spec = None if style is None else {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
         engine = {**run.engine, "max_num_seqs": max(8, len(run.prompts))}
         return Job(name, str(models / target), spec, engine, group, timeout)
 
@@ -84,6 +91,14 @@ def plan(run: Run, models: Path) -> tuple[list[Job], dict[str, list[Job]], list[
         if a.k25_images:
             for j in k25:
                 j.images = {"prompt": K25_IMAGE_PROMPT, "colors": IMAGE_COLORS[:a.k25_images]}
-    run.spec_names = {j.name for jobs in styles.values() for j in jobs} | {j.name for j in k25 if j.spec}
-    run.planned = {base.name} | run.spec_names | {j.name for j in k25}
+    if a.pair:
+        # the shipped pair: its own tokenizer, so its own prompts, cut as the reference target's are
+        prompts = code_prompt_ids(a.pair / "target" / "tokenizer.json", len(run.prompts),
+                                  prompt_max_len(run.engine, a.tokens))
+        styles["pair"] = [job("pair_base", a.pair / "target", None, None, "pair"),
+                          *[job(f"pair_k{k}", a.pair / "target", a.pair / "drafter", k, "pair") for k in a.ks]]
+        for j in styles["pair"]:
+            j.prompts = prompts
+    run.spec_names = {j.name for jobs in styles.values() for j in jobs if j.spec} | {j.name for j in k25 if j.spec}
+    run.planned = {base.name} | {j.name for jobs in styles.values() for j in jobs} | {j.name for j in k25}
     return [base], styles, k25

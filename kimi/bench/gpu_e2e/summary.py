@@ -5,16 +5,28 @@ limit keeps what finished."""
 from __future__ import annotations
 
 import json
+import os
 
 from kimi.bench.gpu_e2e.lanes import Run
 from kimi.bench.hardware import describe
 from kimi.bench.results import header, write_json, write_lines
 from kimi.fork.fsutil import write_atomic
 
-#: A drafter run is lossless when at least this share of its sequences equals the baseline's.
+#: A drafter run is lossless when at least this share of its sequences equals the baseline's; under
+#: ``VLLM_BATCH_INVARIANT=1`` every sequence must (a divergence is then a bug, not a bf16 near-tie).
 LOSSLESS_MIN = 0.9
-#: The baseline of each group of runs.
-BASELINES = {"target": "base", "k25": "k25_base"}
+#: The baseline of each group of runs; a run's group is its name's prefix (``k25_...``, ``pair_...``).
+BASELINES = {"target": "base", "k25": "k25_base", "pair": "pair_base"}
+
+
+def group_of(name: str) -> str:
+    """The group (a key of :data:`BASELINES`) of the run called ``name``."""
+    return next((g for g in BASELINES if g != "target" and name.startswith(g + "_")), "target")
+
+
+def batch_invariant() -> bool:
+    """Whether the engines run in vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``, inherited by the lanes)."""
+    return os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
 
 
 def compare(a: list[list[int]], b: list[list[int]], margins: list[list[float | None]] | None = None) -> dict:
@@ -50,7 +62,7 @@ def summarize(run: Run) -> dict:
             if "image_tokens" in r or "image_error" in r:
                 entry["images"] = {"requests": len(r.get("image_tokens", [])),
                                    "prompt_tokens": r.get("image_prompt_len"), "error": r.get("image_error")}
-            base = BASELINES["k25" if name.startswith("k25") else "target"]
+            base = BASELINES[group_of(name)]
             if name in run.spec_names:
                 counters[name] = {k: r["counters"][k] for k in ("num_drafts", "num_draft_tokens",
                                                                 "num_accepted_tokens", "accepted_per_pos")}
@@ -87,6 +99,8 @@ def summarize(run: Run) -> dict:
             v["identical"] >= LOSSLESS_MIN * v["total"] for v in lossless.values()),
         "cuda_graphs": graphs,
         "serve_ok": bool(run.serve.get("ok")),
+        **({"batch_invariant_every_sequence_identical": bool(lossless) and all(
+            v["identical"] == v["total"] for v in lossless.values())} if batch_invariant() else {}),
         "fork_version": bool(first) and "+kimi." in first.result["vllm_version"],
     }
     k25_runs = [o for n, o in done.items() if n.startswith("k25")]
@@ -115,7 +129,8 @@ def summarize(run: Run) -> dict:
         "settings": {"prompts": len(run.prompts), "prompt_tokens": [min(map(len, run.prompts)),
                                                                     max(map(len, run.prompts))],
                      "max_tokens": run.args.tokens, "engine": run.engine, "variant": run.variant,
-                     "lanes": run.args.lanes, "budget_s": run.args.budget_s, "profile":
+                     "lanes": run.args.lanes, "budget_s": run.args.budget_s,
+                     "batch_invariant": batch_invariant(), "profile":
                      "cpu-smoke" if run.args.cpu_smoke else ("small" if run.args.small else "full")},
         "models": run.models,
         "orchestrator_errors": run.errors,
@@ -134,6 +149,7 @@ def write_results(run: Run) -> dict:
              f"- vLLM: {summary['vllm_version']}",
              (f"- CUDA graphs on in every run: {summary['cuda_graphs']}; {len(run.prompts)} prompts x "
               f"{run.args.tokens} tokens, greedy"),
+             f"- VLLM_BATCH_INVARIANT=1: {summary['settings']['batch_invariant']}",
              f"- passed: {summary['passed']} {summary['checks']}", "",
              ("| run | identical / total | token match | drafts | draft tokens | accepted | mean acceptance length "
               "| engine start s | tok/s | runner |"), "|---|---|---|---|---|---|---|---|---|---|"]
