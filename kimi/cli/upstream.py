@@ -59,6 +59,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_int, default=600, metavar="S",
                    help="seconds one test file may run before it counts as an error (default: %(default)s)")
     add_json(p, "print the summary (with --list: the choice) as JSON")
+    add_from(p, "folder holding the pinned sdist (upstream's tests come from it), for sites without a package index")
     p.set_defaults(func=cmd_upstream_tests)
 
     p = sub.add_parser(
@@ -112,7 +113,8 @@ def cmd_upstream_tests(args: argparse.Namespace, layout: Layout) -> int:
     from kimi.fork.upstream_tests.run import upstream_tests
 
     layout = line_layout(layout, args.line)
-    result = upstream_tests(layout, installed_python(layout), args.only, args.timeout, args.list_only)
+    python = None if args.list_only else installed_python(layout)
+    result = upstream_tests(layout, python, args.only, args.timeout, args.list_only, args.from_dir)
     if args.json:
         print(json.dumps(result, indent=2))
     elif args.list_only:

@@ -34,12 +34,12 @@ from kimi.log import say
 RUNS = ("patched", "pristine")
 
 
-def unpack_tests(layout: Layout, line: str) -> Path:
+def unpack_tests(layout: Layout, line: str, from_dir: Path | None = None) -> Path:
     """``.kimi/upstream-tests/<version>/`` holding the line's release's ``tests/`` and ``pyproject.toml``
-    (unpacked once per sdist); returns the folder.
+    (unpacked once per sdist; ``from_dir`` as ``kimi sync --from``); returns the folder.
 
     Raises:
-        KimiError: the pinned sdist cannot be obtained (cache, package index).
+        KimiError: the pinned sdist cannot be obtained (cache, ``from_dir``, package index).
     """
     pin = load_pin(layout.line_dir(line) / "pin.json")
     artifact = pin.artifacts["sdist"]
@@ -47,7 +47,7 @@ def unpack_tests(layout: Layout, line: str) -> Path:
     stamp = dest / ".sdist-sha256"
     if stamp.is_file() and stamp.read_text() == artifact.sha256:
         return dest
-    sdist = obtain(artifact, layout.cache)
+    sdist = obtain(artifact, layout.cache, from_dir)
     say(f"unpacking upstream's tests from {sdist.name} into {dest}")
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -93,11 +93,20 @@ def _run_all(python: Path, where: Path, files: list[str], run: str, timeout: int
     return outcomes, records
 
 
-def upstream_tests(layout: Layout, python: Path, only: list[str] | None = None, timeout: int = 600,
-                   list_only: bool = False) -> dict:
+def _check_pytest(python: Path) -> None:
+    """Raises KimiError (naming the install) when ``python`` has no pytest."""
+    if subprocess.run([str(python), "-c", "import pytest"], capture_output=True).returncode != 0:
+        raise KimiError(f"{python} has no pytest: `{python} -m pip install pytest tblib` (upstream's conftest "
+                        "imports tblib too), or run `kimi test` once, which installs pytest")
+
+
+def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None = None, timeout: int = 600,
+                   list_only: bool = False, from_dir: Path | None = None) -> dict:
     """Choose upstream's tests for the series' files (``only``: globs or path prefixes narrowing the choice) and,
     unless ``list_only``, run them patched and pristine and write the report; returns the summary (with
-    ``list_only``: ``{"selected": {test file: modules}}``).  The report of a rebase of the line is updated.
+    ``list_only``: ``{"selected": {test file: modules}}``).  ``python``: the interpreter of the environment the laid
+    tree is installed in (None with ``list_only``).  The line's last rebase report, and its probe report of the same
+    release, get the summary.
 
     Raises:
         KimiError: the line is not synced; no upstream test matches; the series' hunks are not in the laid tree.
@@ -109,7 +118,7 @@ def upstream_tests(layout: Layout, python: Path, only: list[str] | None = None, 
         raise KimiError("upstream's tests run on a fully synced and installed line: `kimi sync`, then `kimi setup`")
     series = load_series(layout.patches_dir(state.line))
     version = load_pin(layout.line_dir(state.line) / "pin.json").version
-    where = unpack_tests(layout, state.line)
+    where = unpack_tests(layout, state.line, from_dir)
     touched = touched_modules(series)
     selected = select_tests(where, touched, only)
     if not selected:
@@ -118,6 +127,9 @@ def upstream_tests(layout: Layout, python: Path, only: list[str] | None = None, 
                            f"tests/...; `--list` without --only shows the choice)" if only else ""))
     if list_only:
         return {"selected": selected}
+    if python is None:
+        raise KimiError("upstream_tests: an interpreter is needed to run the tests")
+    _check_pytest(python)
     say(f"{len(selected)} upstream test files of vllm {version} name the {len(touched)} modules the series changes; "
         f"each runs patched, then pristine (up to {timeout} s a file)")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
