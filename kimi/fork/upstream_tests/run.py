@@ -6,6 +6,10 @@ or a hang costs one file), with the interpreter of the environment the laid tree
 run uses the laid tree as it is; the pristine run takes the series' ``vllm/`` hunks out of the laid files
 (:func:`kimi.fork.revert.reverted`, as the probe does for one patch) and puts them back afterwards: nothing is
 reinstalled.
+
+The runs are on CPU: ``TRITON_INTERPRET=1`` (unless the environment says otherwise) lets Triton's interpreter run
+the kernels upstream's tests call directly (without it, vLLM's launcher finds no compiled kernel and every such
+test fails alike in both runs).
 """
 
 from __future__ import annotations
@@ -132,7 +136,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     _check_pytest(python)
     say(f"{len(selected)} upstream test files of vllm {version} name the {len(touched)} modules the series changes; "
         f"each runs patched, then pristine (up to {timeout} s a file)")
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"TRITON_INTERPRET": "1", **os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     files = list(selected)
     patched, patched_runs = _run_all(python, where, files, "patched", timeout, env)
     with reverted(layout.root, series) as swapped:
