@@ -89,11 +89,12 @@ def test_junit_outcomes(tmp_path: Path) -> None:
 def test_compare_sorts_each_test() -> None:
     passed, failed, error, skipped = Outcome("passed"), Outcome("failed", "x"), Outcome("error"), Outcome("skipped")
     pristine = {"a": passed, "b": passed, "c": failed, "d": failed, "e": passed, "f": skipped, "g": passed,
-                "h": passed}
-    patched = {"a": failed, "b": error, "c": passed, "d": error, "e": passed, "f": passed, "h": skipped, "i": failed}
+                "h": passed, "j": error}
+    patched = {"a": failed, "b": error, "c": passed, "d": Outcome("failed", "x"), "e": passed, "f": passed,
+               "h": skipped, "i": failed, "j": Outcome("failed", "AttributeError: Mock")}
     got = compare(pristine, patched)
     assert got.regressions == ["a", "b", "g"]           # g: missing from the patched run
-    assert got.fixed == ["c"] and got.both_fail == ["d"]
+    assert got.fixed == ["c"] and got.both_fail == ["d"] and got.fail_differently == ["j"]
     assert got.changed == ["f", "h", "i"] and got.same == 1
 
 
@@ -114,6 +115,10 @@ def test_line_20():
 
 def test_wants_line_30_patched():
     assert "line 30 patched" in TEXT
+
+
+def test_fails_either_way():
+    assert TEXT.count("patched") == 5
 """
 
 
@@ -138,12 +143,17 @@ def test_patched_against_pristine_on_a_synthetic_release(fork: Fork, monkeypatch
     test = "tests/config/test_speculative.py::test_line_10_as_upstream_has_it"
     assert [r["test"] for r in summary["regressions"]] == [test]
     assert summary["regressions"][0]["patches"] == ["0001-change-line-10", "0002-change-line-30"]
-    assert (summary["files"], summary["tests"], summary["fixed"], summary["same"]) == (1, 3, 1, 1)
+    assert (summary["files"], summary["tests"], summary["fixed"], summary["same"]) == (1, 4, 1, 1)
+    assert [(g["tests"], g["example"]) for g in summary["fail_differently"]] == \
+        [(1, "tests/config/test_speculative.py::test_fails_either_way")]
+    assert "assert 0 == 5" in summary["fail_differently"][0]["pristine"]
+    assert "assert 2 == 5" in summary["fail_differently"][0]["patched"]
     report = json.loads((fork.root / ".kimi" / "upstream-tests" / "report.json").read_text())
     assert report["outcomes"]["pristine"][test] == {"outcome": "passed", "message": ""}
     assert report["outcomes"]["patched"][test]["outcome"] == "failed"
     md = (fork.root / ".kimi" / "upstream-tests" / "report.md").read_text()
     assert "**1 regressions**" in md and f"| `{test}` | failed |" in md
+    assert "1 failing in both differently" in md
 
 
 def test_cli_lists_the_choice(fork: Fork) -> None:

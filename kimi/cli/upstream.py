@@ -124,7 +124,8 @@ def cmd_upstream_tests(args: argparse.Namespace, layout: Layout) -> int:
         for r in result["regressions"]:
             print(f"regression: {r['test']} ({r['patched']}: {r['message']}; patches: {', '.join(r['patches'])})")
         print(f"{result['tests']} tests in {result['files']} files: {len(result['regressions'])} regressions, "
-              f"{result['fixed']} fixed, {result['both_fail']} failing in both; report: {result['report']}")
+              f"{result['fixed']} fixed, {sum(g['tests'] for g in result['fail_differently'])} failing in both "
+              f"differently, {result['both_fail']} alike; report: {result['report']}")
     return 1 if result.get("regressions") else 0
 
 

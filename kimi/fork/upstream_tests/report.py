@@ -42,7 +42,8 @@ def write_report(layout: Layout, line: str, version: str, selected: dict[str, li
     out = report_dir(layout)
     summary = {"line": line, "version": version, "written": written, "files": len(selected),
                "tests": len(pristine.keys() | patched.keys()), "regressions": regressions,
-               "fixed": len(comparison.fixed), "both_fail": len(comparison.both_fail),
+               "fixed": len(comparison.fixed), "fail_differently": _differences(comparison, outcomes),
+               "both_fail": len(comparison.both_fail),
                "changed": len(comparison.changed), "same": comparison.same, "report": str(out / "report.md")}
     write_json_atomic(out / "report.json", {
         "summary": summary, "selected": selected, "touched": touched, "runs": runs,
@@ -54,13 +55,30 @@ def write_report(layout: Layout, line: str, version: str, selected: dict[str, li
     rows += [f"| {f} | {', '.join(selected[f])} | {_cell(runs['pristine'].get(f))} | {_cell(runs['patched'].get(f))} |"
              for f in selected]
     for title, tests in (("Fixed by the series (fail pristine, pass patched)", comparison.fixed),
+                         ("Failing in both, differently (each message below)", comparison.fail_differently),
                          ("Failing in both", comparison.both_fail),
                          ("Changed otherwise (skipped or missing on one side)", comparison.changed)):
         if tests:
-            rows += ["", f"## {title}", "", *[f"- `{t}`: pristine {pristine.get(t, Outcome('missing')).outcome}, "
-                                              f"patched {patched.get(t, Outcome('missing')).outcome}" for t in tests]]
+            rows += ["", f"## {title}", "", *[f"- `{t}`: pristine {_said(pristine, t)}; patched {_said(patched, t)}"
+                                              for t in tests]]
     write_atomic(out / "report.md", "\n".join(rows) + "\n")
     return summary
+
+
+def _said(outcomes: dict[str, Outcome], test: str) -> str:
+    found = outcomes.get(test, Outcome("missing"))
+    return found.outcome + (f" ({found.message})" if found.message else "")
+
+
+def _differences(comparison: Comparison, outcomes: dict[str, dict[str, Outcome]]) -> list[dict]:
+    """The tests failing in both runs with different messages, grouped by the pair of messages (first test named):
+    ``{"tests": n, "example", "pristine", "patched"}``, most tests first."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for test in comparison.fail_differently:
+        key = (outcomes["pristine"][test].message, outcomes["patched"][test].message)
+        groups.setdefault(key, []).append(test)
+    return [{"tests": len(tests), "example": tests[0], "pristine": before, "patched": after}
+            for (before, after), tests in sorted(groups.items(), key=lambda item: -len(item[1]))]
 
 
 def _cell(run: dict | None) -> str:
@@ -93,10 +111,22 @@ def summary_markdown(summary: dict | None) -> list[str]:
             (f"vLLM {summary['version']}, written {summary['written']} (`kimi upstream-tests`; details: "
              f"`{summary['report']}`): {summary['files']} test files, {summary['tests']} tests; "
              f"**{len(summary['regressions'])} regressions** (pass pristine, fail patched), {summary['fixed']} fixed "
-             f"by the series, {summary['both_fail']} failing in both, {summary['changed']} changed otherwise, "
+             f"by the series, {sum(g['tests'] for g in summary['fail_differently'])} failing in both differently, "
+             f"{summary['both_fail']} failing in both alike, {summary['changed']} changed otherwise, "
              f"{summary['same']} alike.")]
+    if summary["fail_differently"]:
+        rows += ["", ("Failing in both, with different messages (the series changed how they fail: a regression "
+                      "where the pristine failure is the machine's):"), "",
+                 "| tests | for example | pristine | patched |", "|---|---|---|---|"]
+        rows += [f"| {g['tests']} | `{g['example']}` | {_cell_text(g['pristine'])} | {_cell_text(g['patched'])} |"
+                 for g in summary["fail_differently"]]
     if summary["regressions"]:
         rows += ["", "| regression | patched | message | patches changing what it imports |", "|---|---|---|---|"]
-        rows += [f"| `{r['test']}` | {r['patched']} | {r['message'].replace('|', '/')} | {', '.join(r['patches'])} |"
+        rows += [f"| `{r['test']}` | {r['patched']} | {_cell_text(r['message'])} | {', '.join(r['patches'])} |"
                  for r in summary["regressions"]]
     return rows
+
+
+def _cell_text(text: str) -> str:
+    """``text`` safe in a markdown table cell."""
+    return text.replace("|", "/")

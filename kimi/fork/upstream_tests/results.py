@@ -56,11 +56,14 @@ def read_junit(path: Path, test_file: str) -> dict[str, Outcome]:
 @dataclass
 class Comparison:
     """Two runs side by side: ``regressions`` (pass pristine, fail patched), ``fixed`` (the reverse),
-    ``both_fail``, ``changed`` (any other difference: skipped on one side, missing from one) and ``same`` (how many
-    tests passed or skipped alike)."""
+    ``fail_differently`` (fail in both with different messages: the series changed how the test fails, which hides a
+    regression where the pristine run fails for a reason of its own, such as the machine), ``both_fail`` (alike),
+    ``changed`` (any other difference: skipped on one side, missing from one) and ``same`` (how many tests passed
+    or skipped alike)."""
 
     regressions: list[str] = field(default_factory=list)
     fixed: list[str] = field(default_factory=list)
+    fail_differently: list[str] = field(default_factory=list)
     both_fail: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     same: int = 0
@@ -70,14 +73,14 @@ def compare(pristine: dict[str, Outcome], patched: dict[str, Outcome]) -> Compar
     """Sort every test of either run (see :class:`Comparison`), each list in test-id order."""
     result = Comparison()
     for test in sorted(pristine.keys() | patched.keys()):
-        before = pristine.get(test, Outcome("missing")).outcome
-        after = patched.get(test, Outcome("missing")).outcome
+        old, new = pristine.get(test, Outcome("missing")), patched.get(test, Outcome("missing"))
+        before, after = old.outcome, new.outcome
         if before == "passed" and after in BAD:
             result.regressions.append(test)
         elif before in ("failed", "error") and after == "passed":
             result.fixed.append(test)
         elif before in BAD and after in BAD and "missing" not in (before, after):
-            result.both_fail.append(test)
+            (result.both_fail if old.message == new.message else result.fail_differently).append(test)
         elif before == after:
             result.same += 1
         else:
