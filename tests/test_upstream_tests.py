@@ -144,8 +144,8 @@ def test_patched_against_pristine_on_a_synthetic_release(fork: Fork, monkeypatch
     assert [r["test"] for r in summary["regressions"]] == [test]
     assert summary["regressions"][0]["patches"] == ["0001-change-line-10", "0002-change-line-30"]
     assert (summary["files"], summary["tests"], summary["fixed"], summary["same"]) == (1, 4, 1, 1)
-    assert [(g["tests"], g["example"]) for g in summary["fail_differently"]] == \
-        [(1, "tests/config/test_speculative.py::test_fails_either_way")]
+    assert [(g["tests"], g["example"], g["patches"]) for g in summary["fail_differently"]] == \
+        [(1, "tests/config/test_speculative.py::test_fails_either_way", ["0001-change-line-10", "0002-change-line-30"])]
     assert "assert 0 == 5" in summary["fail_differently"][0]["pristine"]
     assert "assert 2 == 5" in summary["fail_differently"][0]["patched"]
     report = json.loads((fork.root / ".kimi" / "upstream-tests" / "report.json").read_text())

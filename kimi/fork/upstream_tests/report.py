@@ -42,7 +42,8 @@ def write_report(layout: Layout, line: str, version: str, selected: dict[str, li
     out = report_dir(layout)
     summary = {"line": line, "version": version, "written": written, "files": len(selected),
                "tests": len(pristine.keys() | patched.keys()), "regressions": regressions,
-               "fixed": len(comparison.fixed), "fail_differently": _differences(comparison, outcomes),
+               "fixed": len(comparison.fixed),
+               "fail_differently": _differences(comparison, outcomes, selected, touched),
                "both_fail": len(comparison.both_fail),
                "changed": len(comparison.changed), "same": comparison.same, "report": str(out / "report.md")}
     write_json_atomic(out / "report.json", {
@@ -70,14 +71,16 @@ def _said(outcomes: dict[str, Outcome], test: str) -> str:
     return found.outcome + (f" ({found.message})" if found.message else "")
 
 
-def _differences(comparison: Comparison, outcomes: dict[str, dict[str, Outcome]]) -> list[dict]:
+def _differences(comparison: Comparison, outcomes: dict[str, dict[str, Outcome]], selected: dict[str, list[str]],
+                 touched: dict[str, list[str]]) -> list[dict]:
     """The tests failing in both runs with different messages, grouped by the pair of messages (first test named):
-    ``{"tests": n, "example", "pristine", "patched"}``, most tests first."""
+    ``{"tests": n, "example", "pristine", "patched", "patches"}``, most tests first."""
     groups: dict[tuple[str, str], list[str]] = {}
     for test in comparison.fail_differently:
         key = (outcomes["pristine"][test].message, outcomes["patched"][test].message)
         groups.setdefault(key, []).append(test)
-    return [{"tests": len(tests), "example": tests[0], "pristine": before, "patched": after}
+    return [{"tests": len(tests), "example": tests[0], "pristine": before, "patched": after,
+             "patches": _suspects(tests[0], selected, touched)}
             for (before, after), tests in sorted(groups.items(), key=lambda item: -len(item[1]))]
 
 
@@ -117,9 +120,10 @@ def summary_markdown(summary: dict | None) -> list[str]:
     if summary["fail_differently"]:
         rows += ["", ("Failing in both, with different messages (the series changed how they fail: a regression "
                       "where the pristine failure is the machine's):"), "",
-                 "| tests | for example | pristine | patched |", "|---|---|---|---|"]
-        rows += [f"| {g['tests']} | `{g['example']}` | {_cell_text(g['pristine'])} | {_cell_text(g['patched'])} |"
-                 for g in summary["fail_differently"]]
+                 "| tests | for example | pristine | patched | patches changing what it imports |",
+                 "|---|---|---|---|---|"]
+        rows += [f"| {g['tests']} | `{g['example']}` | {_cell_text(g['pristine'])} | {_cell_text(g['patched'])} | "
+                 f"{', '.join(g['patches'])} |" for g in summary["fail_differently"]]
     if summary["regressions"]:
         rows += ["", "| regression | patched | message | patches changing what it imports |", "|---|---|---|---|"]
         rows += [f"| `{r['test']}` | {r['patched']} | {_cell_text(r['message'])} | {', '.join(r['patches'])} |"
