@@ -45,7 +45,8 @@ def write_report(layout: Layout, line: str, version: str, selected: dict[str, li
                "fixed": len(comparison.fixed),
                "fail_differently": _differences(comparison, outcomes, selected, touched),
                "both_fail": len(comparison.both_fail),
-               "changed": len(comparison.changed), "same": comparison.same, "report": str(out / "report.md")}
+               "changed": len(comparison.changed), "same": comparison.same,
+               "report": (out / "report.md").relative_to(layout.root).as_posix()}
     write_json_atomic(out / "report.json", {
         "summary": summary, "selected": selected, "touched": touched, "runs": runs,
         "comparison": asdict(comparison),
@@ -110,20 +111,21 @@ def summary_markdown(summary: dict | None) -> list[str]:
     if summary is None:
         return [TITLE, "", ("Not run for this line and release: `python3 -m kimi upstream-tests` runs upstream's "
                             "tests for the files the series changes, on the pristine release and on the patched tree.")]
+    differently = summary.get("fail_differently", [])  # absent from a report of an earlier kimi
     rows = [TITLE, "",
             (f"vLLM {summary['version']}, written {summary['written']} (`kimi upstream-tests`; details: "
              f"`{summary['report']}`): {summary['files']} test files, {summary['tests']} tests; "
              f"**{len(summary['regressions'])} regressions** (pass pristine, fail patched), {summary['fixed']} fixed "
-             f"by the series, {sum(g['tests'] for g in summary['fail_differently'])} failing in both differently, "
+             f"by the series, {sum(g['tests'] for g in differently)} failing in both differently, "
              f"{summary['both_fail']} failing in both alike, {summary['changed']} changed otherwise, "
              f"{summary['same']} alike.")]
-    if summary["fail_differently"]:
+    if differently:
         rows += ["", ("Failing in both, with different messages (the series changed how they fail: a regression "
                       "where the pristine failure is the machine's):"), "",
                  "| tests | for example | pristine | patched | patches changing what it imports |",
                  "|---|---|---|---|---|"]
         rows += [f"| {g['tests']} | `{g['example']}` | {_cell_text(g['pristine'])} | {_cell_text(g['patched'])} | "
-                 f"{', '.join(g['patches'])} |" for g in summary["fail_differently"]]
+                 f"{', '.join(g.get('patches', []))} |" for g in differently]
     if summary["regressions"]:
         rows += ["", "| regression | patched | message | patches changing what it imports |", "|---|---|---|---|"]
         rows += [f"| `{r['test']}` | {r['patched']} | {_cell_text(r['message'])} | {', '.join(r['patches'])} |"
