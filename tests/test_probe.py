@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import UPSTREAM_FILES, Fork, make_sdist, patch_text, speculative_patch
 from kimi.fork.layout import Layout
-from kimi.fork.probe import probe, pytest_counts
+from kimi.fork.probe import add_upstream_tests, probe, pytest_counts
 
 SPEC = "vllm/config/speculative.py"
 
@@ -91,3 +91,9 @@ def test_probe_candidates_go_into_the_rebase_report(fork: Fork) -> None:
          "evidence": ["tests/probe_t.py::test_fixed_upstream"]}]
     assert "| 0002-change-line-30 | probe | its tests pass on vllm 9.9.1" in \
         (fork.root / ".kimi" / "rebase" / "report.md").read_text()
+    summary = {"line": "mainline", "version": "9.9.1", "written": "now", "files": 1, "tests": 1, "fixed": 0,
+               "regressions": [], "fail_differently": [], "both_fail": 0, "changed": 0, "same": 1, "report": "r.md"}
+    assert not add_upstream_tests(Layout.of(fork.root), "mainline", {**summary, "version": "9.9.0"})
+    assert add_upstream_tests(Layout.of(fork.root), "mainline", summary)  # upstream's tests on the release probed
+    said = "vLLM 9.9.1, written now (`kimi upstream-tests`; details: `r.md`): 1 test files, 1 tests; **0 regressions**"
+    assert said in (fork.root / ".kimi" / "rebase" / "probe.md").read_text()

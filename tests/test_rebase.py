@@ -9,6 +9,8 @@ import pytest
 
 from conftest import UPSTREAM_FILES, Fork, make_sdist, patch_text, speculative_patch
 from kimi.fork.candidates import deleted_targets
+from kimi.fork.layout import Layout
+from kimi.fork.rebase import add_upstream_tests
 
 SPEC = "vllm/config/speculative.py"
 
@@ -269,6 +271,19 @@ def test_patches_of_files_the_release_deleted_are_candidates(fork: Fork) -> None
     assert "## Candidates for dropping" in md
     assert "| 0002-version | rebase | vllm 9.9.1 deleted every file it changes | `vllm/version.py` |" in md
     assert "## Upstream's tests, pristine against patched" in md and "Not run for this line" in md
+    layout = Layout.of(fork.root)
+    assert add_upstream_tests(layout, "mainline", SUMMARY)  # a later `kimi upstream-tests` of the line
+    md = (fork.root / ".kimi" / "rebase" / "report.md").read_text()
+    assert "**1 regressions**" in md
+    assert "| `tests/t.py::test_a` | failed | AttributeError: x | 0001-main-and-spec |" in md
+    assert report(fork)["upstream_tests"] == SUMMARY and "## Candidates for dropping" in md
+    assert not add_upstream_tests(layout, "v0.26", SUMMARY)
+
+
+SUMMARY = {"line": "mainline", "version": "9.9.0", "written": "now", "files": 1, "tests": 2, "fixed": 0,
+           "regressions": [{"test": "tests/t.py::test_a", "pristine": "passed", "patched": "failed",
+                            "message": "AttributeError: x", "patches": ["0001-main-and-spec"]}],
+           "fail_differently": [], "both_fail": 0, "changed": 0, "same": 1, "report": ".kimi/upstream-tests/report.md"}
 
 
 def test_deleted_targets_ignore_files_a_patch_creates() -> None:
