@@ -122,11 +122,23 @@ def test_fails_either_way():
 """
 
 
+_HANGS = """
+import time
+
+NAMED = "vllm.config.speculative"
+
+
+def test_hangs():
+    time.sleep(60)
+"""
+
+
 def test_patched_against_pristine_on_a_synthetic_release(fork: Fork, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The release's own test of line 10 passes pristine and fails patched (a regression, blamed on the patch that
-    changes the module); the test of line 30 is fixed by the series; the laid tree is back afterwards."""
+    """The release's own test of line 10 passes pristine and fails patched (a regression, blamed on the patches that
+    change the module); the test of line 30 is fixed by the series; the laid tree is back afterwards.  A file that
+    hangs past --timeout is one error per run; edits not refreshed are refused."""
     files = {**UPSTREAM_FILES, "tests/config/test_speculative.py": _UPSTREAM_TEST,
-             "tests/config/test_unrelated.py": "def test_y():\n    pass\n"}
+             "tests/config/test_unrelated.py": "def test_y():\n    pass\n", "tests/config/test_hangs.py": _HANGS}
     _, sha = make_sdist(fork.from_dir, files=files)
     fork.write_pin(sha)
     fork.add_patch(*speculative_patch(1, 10, "line 10 patched"))
@@ -138,7 +150,7 @@ def test_patched_against_pristine_on_a_synthetic_release(fork: Fork, monkeypatch
     layout = Layout(root=fork.root, cache=fork.cache)  # the sync left the sdist in the cache
     with pytest.raises(KimiError, match="no upstream test of vllm 9.9.0 .* matches tests/nowhere"):
         upstream_tests(layout, Path(sys.executable), only=["tests/nowhere"])
-    summary = upstream_tests(layout, Path(sys.executable))
+    summary = upstream_tests(layout, Path(sys.executable), only=["tests/config/test_speculative.py"])
     assert (fork.root / SPEC).read_bytes() == laid
     test = "tests/config/test_speculative.py::test_line_10_as_upstream_has_it"
     assert [r["test"] for r in summary["regressions"]] == [test]
@@ -154,6 +166,12 @@ def test_patched_against_pristine_on_a_synthetic_release(fork: Fork, monkeypatch
     md = (fork.root / ".kimi" / "upstream-tests" / "report.md").read_text()
     assert "**1 regressions**" in md and f"| `{test}` | failed |" in md
     assert "1 failing in both differently" in md
+    hung = upstream_tests(layout, Path(sys.executable), only=["tests/config/test_hangs.py"], timeout=3)
+    assert (hung["tests"], hung["both_fail"], hung["regressions"]) == (1, 1, [])  # one error per run, alike
+    assert "stopped after 3 s" in (fork.root / ".kimi" / "upstream-tests" / "report.md").read_text()
+    (fork.root / SPEC).write_text("edited\n")
+    with pytest.raises(KimiError, match="edits that are not in the patch series"):
+        upstream_tests(layout, Path(sys.executable), only=["tests/config/test_speculative.py"])
 
 
 def test_cli_lists_the_choice(fork: Fork) -> None:

@@ -29,6 +29,7 @@ from kimi.fork.pin import load_pin
 from kimi.fork.probe import pytest_counts
 from kimi.fork.revert import reverted
 from kimi.fork.state import SyncState
+from kimi.fork.sync import check_no_unrefreshed_edits
 from kimi.fork.tree import extract_sdist
 from kimi.fork.upstream_tests.report import report_dir, write_report
 from kimi.fork.upstream_tests.results import Outcome, compare, read_junit
@@ -70,15 +71,17 @@ def _run_file(python: Path, where: Path, test_file: str, junit: Path, timeout: i
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=timeout)
-        output, note = proc.stdout + proc.stderr, ""
-    except subprocess.TimeoutExpired as exc:
-        output, note = str(exc.stdout or ""), f"stopped after {timeout} s"
+    except subprocess.TimeoutExpired:
+        proc = None
     seconds = time.monotonic() - start
-    if not note and not junit.is_file():
-        tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["no output"]
-        note = f"no report (exit {proc.returncode}): {tail[0][:200]}"
-    if note:
+    if proc is None or not junit.is_file():
+        if proc is None:
+            note = f"stopped after {timeout} s"
+        else:
+            tail = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-1:] or ["no output"]
+            note = f"no report (exit {proc.returncode}): {tail[0][:200]}"
         return {f"{test_file}::<run>": Outcome("error", note)}, {"counts": {}, "seconds": seconds, "note": note}
+    output = proc.stdout + proc.stderr
     return read_junit(junit, test_file), {"counts": pytest_counts(output), "seconds": seconds, "note": ""}
 
 
@@ -113,7 +116,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     release, get the summary.
 
     Raises:
-        KimiError: the line is not synced; no upstream test matches; the series' hunks are not in the laid tree.
+        KimiError: the line is not synced, or the laid tree has edits not refreshed; no upstream test matches.
     """
     from kimi.fork import probe, rebase
 
@@ -131,6 +134,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
                            f"tests/...; `--list` without --only shows the choice)" if only else ""))
     if list_only:
         return {"selected": selected}
+    check_no_unrefreshed_edits(layout, state)  # the patched run is the series, nothing else
     if python is None:
         raise KimiError("upstream_tests: an interpreter is needed to run the tests")
     _check_pytest(python)
