@@ -7,13 +7,14 @@ laid tree is back byte for byte afterwards, and a build-time patch is not probed
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
-from conftest import Fork, patch_text, speculative_patch
+from conftest import UPSTREAM_FILES, Fork, make_sdist, patch_text, speculative_patch
 from kimi.fork.layout import Layout
-from kimi.fork.probe import probe, pytest_counts
+from kimi.fork.probe import add_upstream_tests, probe, pytest_counts
 
 SPEC = "vllm/config/speculative.py"
 
@@ -63,3 +64,36 @@ def test_pytest_counts_reads_the_closing_line() -> None:
     assert pytest_counts("...\n2 failed, 3 passed, 1 skipped, 1 error in 2.1s\n") == \
         {"failed": 2, "passed": 3, "skipped": 1, "error": 1}
     assert pytest_counts("no tests ran in 0.01s") == {}
+
+
+def test_probe_candidates_go_into_the_rebase_report(fork: Fork) -> None:
+    """After a rebase onto 9.9.1, the sync and the probe there: the patch whose test passes without it is in the
+    rebase report as a candidate, with its reason and tests."""
+    name, text = speculative_patch(1, 10, "line 10 patched")
+    fork.add_patch(name, _with_check(text, "test_needed"))
+    name, text = speculative_patch(2, 30, "line 30 patched")
+    fork.add_patch(name, _with_check(text, "test_fixed_upstream"))
+    (fork.root / "tests").mkdir()
+    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
+    fork.commit("two patches")
+    assert fork.sync().returncode == 0, "sync"
+    upstream = "".join(f"new {i}\n" for i in range(3)) + "".join(f"line {i}\n" for i in range(1, 41))
+    make_sdist(fork.from_dir, "9.9.1", {**UPSTREAM_FILES, SPEC: upstream})
+    moved = fork.kimi("rebase", "--to", "9.9.1", "--from", str(fork.from_dir))
+    assert moved.returncode == 0, moved.stderr
+    fork.commit("on 9.9.1")
+    assert fork.sync().returncode == 0, "sync 9.9.1"
+    probe(Layout.of(fork.root), Path(sys.executable), {**os.environ, "PYTHONPATH": str(fork.root)})
+    report = json.loads((fork.root / ".kimi" / "rebase" / "report.json").read_text())
+    assert report["candidates"] == [
+        {"name": "0002-change-line-30", "by": "probe",
+         "reason": "its tests pass on vllm 9.9.1 without the patch: upstream fixed the bug",
+         "evidence": ["tests/probe_t.py::test_fixed_upstream"]}]
+    assert "| 0002-change-line-30 | probe | its tests pass on vllm 9.9.1" in \
+        (fork.root / ".kimi" / "rebase" / "report.md").read_text()
+    summary = {"line": "mainline", "version": "9.9.1", "written": "now", "files": 1, "tests": 1, "fixed": 0,
+               "regressions": [], "fail_differently": [], "both_fail": 0, "changed": 0, "same": 1, "report": "r.md"}
+    assert not add_upstream_tests(Layout.of(fork.root), "mainline", {**summary, "version": "9.9.0"})
+    assert add_upstream_tests(Layout.of(fork.root), "mainline", summary)  # upstream's tests on the release probed
+    said = "vLLM 9.9.1, written now (`kimi upstream-tests`; details: `r.md`): 1 test files, 1 tests; **0 regressions**"
+    assert said in (fork.root / ".kimi" / "rebase" / "probe.md").read_text()

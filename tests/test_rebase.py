@@ -7,7 +7,10 @@ import shutil
 
 import pytest
 
-from conftest import UPSTREAM_FILES, Fork, make_sdist, speculative_patch
+from conftest import UPSTREAM_FILES, Fork, make_sdist, patch_text, speculative_patch
+from kimi.fork.candidates import deleted_targets
+from kimi.fork.layout import Layout
+from kimi.fork.rebase import add_upstream_tests
 
 SPEC = "vllm/config/speculative.py"
 
@@ -239,3 +242,51 @@ def test_damaged_rebase_state_and_a_lost_repository(synced: Fork) -> None:
     assert damaged.returncode == 1 and "kimi rebase --abort" in damaged.stderr
     assert rebase(synced, "--abort").returncode == 0
     assert json.loads(synced.pin_path.read_text())["version"] == "9.9.0"
+
+
+def test_patches_of_files_the_release_deleted_are_candidates(fork: Fork) -> None:
+    """The new release deletes vllm/entrypoints/cli/main.py and vllm/version.py: the patch of version.py alone
+    (every file gone) and the patch of main.py and speculative.py (one of two gone) are named with the files;
+    the patch of speculative.py alone is not."""
+    main = patch_text("0001-main", "vllm/entrypoints/cli/main.py", "    return 0", "    return 1", 2, ["def main():"])
+    name, spec = speculative_patch(1, 10, "line 10 patched", slug="main-and-spec")
+    fork.add_patch(name, spec + main[main.index("diff --git"):])
+    fork.add_patch("0002-version.patch", patch_text("0002-version", "vllm/version.py", "__version__ = 'dev'",
+                                                    "__version__ = 'fork'", 1, []))
+    fork.add_patch(*speculative_patch(3, 30, "line 30 patched"))
+    fork.commit("three patches")
+    assert fork.sync().returncode == 0
+    kept = {k: v for k, v in UPSTREAM_FILES.items() if k not in ("vllm/entrypoints/cli/main.py", "vllm/version.py")}
+    make_sdist(fork.from_dir, "9.9.1", kept)
+    result = rebase(fork, "--to", "9.9.1", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert ("0002-version: candidate for dropping: vllm 9.9.1 deleted every file it changes: vllm/version.py"
+            in result.stderr)
+    assert report(fork)["candidates"] == [
+        {"name": "0001-main-and-spec", "by": "rebase", "reason": "vllm 9.9.1 deleted 1 of the 2 files it changes",
+         "evidence": ["vllm/entrypoints/cli/main.py"]},
+        {"name": "0002-version", "by": "rebase", "reason": "vllm 9.9.1 deleted every file it changes",
+         "evidence": ["vllm/version.py"]}]
+    md = (fork.root / ".kimi" / "rebase" / "report.md").read_text()
+    assert "## Candidates for dropping" in md
+    assert "| 0002-version | rebase | vllm 9.9.1 deleted every file it changes | `vllm/version.py` |" in md
+    assert "## Upstream's tests, pristine against patched" in md and "Not run for this line" in md
+    layout = Layout.of(fork.root)
+    assert add_upstream_tests(layout, "mainline", SUMMARY)  # a later `kimi upstream-tests` of the line
+    md = (fork.root / ".kimi" / "rebase" / "report.md").read_text()
+    assert "**1 regressions**" in md
+    assert "| `tests/t.py::test_a` | failed | AttributeError: x | 0001-main-and-spec |" in md
+    assert report(fork)["upstream_tests"] == SUMMARY and "## Candidates for dropping" in md
+    assert not add_upstream_tests(layout, "v0.26", SUMMARY)
+
+
+SUMMARY = {"line": "mainline", "version": "9.9.0", "written": "now", "files": 1, "tests": 2, "fixed": 0,
+           "regressions": [{"test": "tests/t.py::test_a", "pristine": "passed", "patched": "failed",
+                            "message": "AttributeError: x", "patches": ["0001-main-and-spec"]}],
+           "fail_differently": [], "both_fail": 0, "changed": 0, "same": 1, "report": ".kimi/upstream-tests/report.md"}
+
+
+def test_deleted_targets_ignore_files_a_patch_creates() -> None:
+    patches = [("0001-new", ["vllm/new.py"]), ("0002-gone", ["vllm/a.py", "vllm/b.py"])]
+    found = deleted_targets(patches, old_files={"vllm/a.py", "vllm/b.py"}, new_files={"vllm/b.py"}, version="1.0.0")
+    assert [(c.name, c.evidence) for c in found] == [("0002-gone", ("vllm/a.py",))]

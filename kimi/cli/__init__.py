@@ -48,6 +48,8 @@ developer loop (`kimi` is `python3 -m kimi`; the `kimi` script exists once .venv
                              and the edits not yet refreshed
   kimi refresh               turn the edits into patch files (--into NAME, --new SLUG)
   kimi sync --force          lay again from scratch, discarding edits not refreshed
+  kimi upstream-tests        upstream's own tests for the series' files, pristine against patched
+                             (--list, --only GLOB ...)
 """
 
 

@@ -13,7 +13,10 @@ byte for byte (also on an error or Ctrl-C).  Outcomes:
 * ``unknown``   - no test ran (none named, all skipped, or a collection error), or the patch was not probed.
 
 Each run also records the tests with the patch in place (``with_patch``): a test that fails with the patch
-says nothing about absorption.  The report is ``.kimi/rebase/probe.json`` and ``probe.md``.
+says nothing about absorption.  The report is ``.kimi/rebase/probe.json`` and ``probe.md``; it carries the last
+``kimi upstream-tests`` comparison of the line on the same release (upstream's tests, pristine against patched).
+Each candidate, with its reason, also goes into the report of the rebase onto the release probed
+(:func:`kimi.fork.rebase.add_probe_candidates`).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kimi.errors import KimiError
-from kimi.fork import unidiff
-from kimi.fork.fsutil import decode, encode, write_atomic, write_json_atomic
+from kimi.fork.candidates import passing_without
+from kimi.fork.fsutil import read_json_object, write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.patches import Patch, load_series
 from kimi.fork.pin import load_pin
+from kimi.fork.revert import reverted
+from kimi.fork.upstream_tests.report import load_summary, summary_markdown
 from kimi.log import say
 
 _COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
@@ -69,20 +74,6 @@ def _run(python: Path, root: Path, tests: list[str], env: dict[str, str]) -> dic
     return pytest_counts(proc.stdout + proc.stderr)
 
 
-def _without(root: Path, patch: Patch) -> dict[Path, bytes]:
-    """Take ``patch``'s hunks out of the laid files; returns the original bytes of every file changed."""
-    kept: dict[Path, bytes] = {}
-    for fd in unidiff.parse(patch.diff, where=str(patch.path)):
-        path = root / fd.path
-        kept[path] = path.read_bytes()
-        reverted = unidiff.apply(decode(kept[path]), fd, reverse=True)
-        if reverted is None:
-            path.unlink()
-        else:
-            path.write_bytes(encode(reverted))
-    return kept
-
-
 def _judge(with_patch: dict[str, int], without: dict[str, int]) -> tuple[str, str]:
     if not without.get("passed") and not without.get("failed") and not without.get("error"):
         return "unknown", "no test ran"
@@ -90,7 +81,7 @@ def _judge(with_patch: dict[str, int], without: dict[str, int]) -> tuple[str, st
         return "needed", ""
     if with_patch.get("failed") or with_patch.get("error"):
         return "unknown", "the tests fail with the patch too"
-    return "candidate", ""
+    return "candidate", "passes without the patch: upstream fixed the bug"
 
 
 def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | None = None) -> list[ProbeResult]:
@@ -102,6 +93,7 @@ def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | 
     Raises:
         KimiError: a name matches no patch; a patch's hunks are not in the laid tree (sync first).
     """
+    from kimi.fork.rebase import add_probe_candidates
     from kimi.fork.state import SyncState
 
     state = SyncState.load(layout.state_file)
@@ -123,16 +115,18 @@ def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | 
             continue
         say(f"probe {patch.name}: {', '.join(tests)} with the patch, then without it on vllm {version}")
         with_patch = _run(python, layout.root, tests, env)
-        kept = _without(layout.root, patch)
-        try:
+        with reverted(layout.root, [patch]):
             without = _run(python, layout.root, tests, env)
-        finally:
-            for path, data in kept.items():
-                path.write_bytes(data)
         outcome, note = _judge(with_patch, without)
         results.append(ProbeResult(patch.name, outcome, tests, with_patch, without, note))
         say(f"probe {patch.name}: {outcome}" + (f" ({note})" if note else ""))
-    _write_report(layout, state.line, version, results)
+    summary = load_summary(layout, state.line)
+    _write_report(layout, {"line": state.line, "version": version, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+                           "patches": [asdict(r) for r in results],
+                           "upstream_tests": summary if summary and summary["version"] == version else None})
+    found = [passing_without(r.name, r.tests, version) for r in results if r.outcome == "candidate"]
+    if add_probe_candidates(layout, state.line, version, found):
+        say(f"{len(found)} candidates put into the rebase report {layout.private / 'rebase' / 'report.md'}")
     return results
 
 
@@ -140,15 +134,33 @@ def _cell(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "-"
 
 
-def _write_report(layout: Layout, line: str, version: str, results: list[ProbeResult]) -> None:
+def _write_report(layout: Layout, report: dict) -> None:
     out = layout.private / "rebase"
-    written = time.strftime("%Y-%m-%d %H:%M:%S")
-    write_json_atomic(out / "probe.json", {"line": line, "version": version, "written": written,
-                                           "patches": [asdict(r) for r in results]})
-    intro = (f"Written {written}. Each patch's tests with the patch, then with its hunks taken out of the laid "
-             "tree (`kimi rebase --probe`).")
-    rows = [f"# Absorption probe of `{line}` on vLLM {version}", "", intro, "",
+    write_json_atomic(out / "probe.json", report)
+    intro = (f"Written {report['written']}. Each patch's tests with the patch, then with its hunks taken out of the "
+             "laid tree (`kimi rebase --probe`). A candidate's tests pass on the release without it: upstream fixed "
+             "the bug its own way.")
+    rows = [f"# Absorption probe of `{report['line']}` on vLLM {report['version']}", "", intro, "",
             "| patch | outcome | tests | with the patch | without it | note |", "|---|---|---|---|---|---|"]
-    rows += [f"| {r.name} | {r.outcome} | {', '.join(r.tests) or '-'} | {_cell(r.with_patch)} | "
-             f"{_cell(r.without_patch)} | {r.note} |" for r in results]
+    rows += [f"| {r['name']} | {r['outcome']} | {', '.join(r['tests']) or '-'} | {_cell(r['with_patch'])} | "
+             f"{_cell(r['without_patch'])} | {r['note']} |" for r in report["patches"]]
+    rows += ["", *summary_markdown(report["upstream_tests"])]
     write_atomic(out / "probe.md", "\n".join(rows) + "\n")
+
+
+def add_upstream_tests(layout: Layout, line: str, summary: dict) -> bool:
+    """Put the summary of a ``kimi upstream-tests`` run into the last probe report of ``line`` if it probed the
+    same release; returns whether it did.
+
+    Raises:
+        KimiError: the probe report is damaged (names the fix).
+    """
+    try:
+        report = read_json_object(layout.private / "rebase" / "probe.json")
+    except ValueError as exc:
+        raise KimiError(f"{exc}: run `kimi rebase --probe` again") from None
+    if report is None or report.get("line") != line or report.get("version") != summary["version"]:
+        return False
+    report["upstream_tests"] = summary
+    _write_report(layout, report)
+    return True

@@ -31,6 +31,11 @@ new release; ``kimi sync`` then lays it.  ``--dry-run`` replays everything in
 the same way but records conflicts and goes on, writes only the report and
 leaves the pin, the series and the laid tree alone.
 
+Candidates for dropping (:mod:`kimi.fork.candidates`): the rebase names each patch that changes files the new
+release deleted; ``kimi rebase --probe`` adds, to the report of the rebase onto the release it probed, each patch
+whose tests pass without it.  The latest ``kimi upstream-tests`` comparison of the line (upstream's own tests,
+pristine against patched) is part of the report too.
+
 Reports: ``.kimi/rebase/report.md`` and ``report.json``.
 """
 
@@ -46,7 +51,8 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork import index as pkgindex
 from kimi.fork.artifacts import obtain
-from kimi.fork.fsutil import sha256_file, staged_folder, write_atomic, write_json_atomic
+from kimi.fork.candidates import Candidate, deleted_targets, markdown, merged
+from kimi.fork.fsutil import read_json_object, sha256_file, staged_folder, write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series, read_patch, write_patch
@@ -54,7 +60,8 @@ from kimi.fork.pin import Artifact, Pin, load_pin
 from kimi.fork.state import SyncState
 from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step
 from kimi.fork.tree import extract_sdist
-from kimi.fork.workrepo import WorkRepo
+from kimi.fork.upstream_tests.report import load_summary, summary_markdown
+from kimi.fork.workrepo import UPSTREAM_TAG, WorkRepo
 from kimi.log import say
 
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -100,6 +107,7 @@ class RebaseState:
     started: str = ""
     head: str = ""
     ports: str = ""
+    candidates: list[dict] = field(default_factory=list)
 
 
 def _save(layout: Layout, state: RebaseState) -> None:
@@ -309,25 +317,81 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
         "ported": [{"name": o["name"], "port": o.get("port")} for o in outcomes if o["outcome"] == "ported"],
         "absorbed": [_absorbed_entry(o, state.target) for o in outcomes if o["outcome"] == "absorbed"],
         "conflicts": [{"name": o["name"], "files": o["conflicts"]} for o in outcomes if o["outcome"] == "conflict"],
+        "candidates": state.candidates, "upstream_tests": load_summary(layout, state.line),
         "patches": outcomes, "new_pin": state.new_pin,
     }
-    rows = [f"# Rebase of `{state.line}`: vLLM {state.source} -> {state.target}"
-            + (" (dry run)" if state.dry_run else ""), "",
-            f"Started {state.started}; written {report['written']}; "
-            + ("finished." if finished else "stopped at a conflict."), "",
+    _write_report(layout, report)
+    return report
+
+
+def _write_report(layout: Layout, report: dict) -> None:
+    write_atomic(_dir(layout) / "report.md", _render(report))
+    write_json_atomic(_dir(layout) / "report.json", report)
+
+
+def _last_report(layout: Layout, line: str) -> dict | None:
+    """The last rebase report of ``line``, or None.
+
+    Raises:
+        KimiError: the report is damaged (names the fix).
+    """
+    try:
+        report = read_json_object(_dir(layout) / "report.json")
+    except ValueError as exc:
+        raise KimiError(f"{exc}: remove it, or run the rebase (`--dry-run`) again") from None
+    return report if report and report.get("line") == line else None
+
+
+def add_probe_candidates(layout: Layout, line: str, version: str, found: list[Candidate]) -> bool:
+    """Put the probe's candidates (replacing an earlier probe's) into the report of the last rebase of ``line`` if
+    it went onto ``version``, the release probed; returns whether it did.
+
+    Raises:
+        KimiError: the report is damaged.
+    """
+    report = _last_report(layout, line)
+    if report is None or report["to"] != version:
+        return False
+    report["candidates"] = merged(report.get("candidates", []), found, "probe")
+    _write_report(layout, report)
+    return True
+
+
+def add_upstream_tests(layout: Layout, line: str, summary: dict) -> bool:
+    """Put the summary of a ``kimi upstream-tests`` run of ``line`` into the last rebase report of that line;
+    returns whether there was one.
+
+    Raises:
+        KimiError: the report is damaged.
+    """
+    report = _last_report(layout, line)
+    if report is None:
+        return False
+    report["upstream_tests"] = summary
+    _write_report(layout, report)
+    return True
+
+
+def _render(report: dict) -> str:
+    """report.md from the report's JSON form."""
+    rows = [f"# Rebase of `{report['line']}`: vLLM {report['from']} -> {report['to']}"
+            + (" (dry run)" if report["dry_run"] else ""), "",
+            f"Started {report['started']}; written {report['written']}; "
+            + ("finished." if report["finished"] else "stopped at a conflict."), "",
             "| patch | outcome | files | conflict markers (line numbers) |", "|---|---|---|---|"]
-    for o in outcomes:
+    for o in report["patches"]:
         where = "; ".join(f"{f}: {', '.join(map(str, lines))}" for f, lines in o["conflicts"].items())
         outcome = o["outcome"]
         if outcome == "absorbed":
-            outcome = f"absorbed in {state.target}" + (
+            outcome = f"absorbed in {report['to']}" + (
                 f" (declared: absorbed in {o['declared']}; replay: {o['replay']})" if o.get("declared") else "")
         elif o.get("resolved"):
             outcome = "applied (conflict resolved)"
         elif outcome == "ported":
             outcome = f"ported (conflict resolved with `{o['port']}`)"
         rows.append(f"| {o['name']} | {outcome} | {', '.join(o['files'])} | {where} |")
-    declared = [o for o in outcomes if o.get("declared")]
+    rows += markdown(report.get("candidates", []))
+    declared = [o for o in report["patches"] if o.get("declared")]
     if declared:
         rows += ["", "## Declared absorbed", "",
                  ("Upstream fixed these its own way (the patch header's `Upstream: absorbed in ...`): a text merge "
@@ -338,11 +402,10 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
             rows += ["", f"### {o['name']} (absorbed in {o['declared']}; replay: {o['replay']})", "",
                      "Not in the new release:", *[f"- `{h}`" for h in o["remaining"] or ["(none)"]], "",
                      "Verify with:", *[f"- `{t}`" for t in o["verify"] or ["(no tests named)"]]]
-    if not finished and not state.dry_run:
+    rows += ["", *summary_markdown(report.get("upstream_tests"))]
+    if not report["finished"] and not report["dry_run"]:
         rows += ["", _RESUME]
-    write_atomic(_dir(layout) / "report.md", "\n".join(rows) + "\n")
-    write_json_atomic(_dir(layout) / "report.json", report)
-    return report
+    return "\n".join(rows) + "\n"
 
 
 def _absorbed_entry(outcome: dict, target: str) -> dict:
@@ -428,15 +491,26 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         repo.git("fetch", "-q", "--no-tags", str(layout.work), "+work:refs/heads/old")
         old = WorkRepo(layout.work)
         pending = [[name, commit] for name, commit in old.patch_commits()]
+        candidates = _deleted_targets(old, repo, pending, version)
         if ports is None and (layout.line_dir(state.line) / "ports" / version).is_dir():
             ports = layout.line_dir(state.line) / "ports" / version
         if ports is not None and not ports.is_dir():
             raise KimiError(f"--ports {ports}: not a folder")
         rebase_state = RebaseState(line=state.line, source=pin.version, target=version, dry_run=dry_run,
                                    new_pin=new_pin, pending=pending, started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                                   head=repo.head(), ports=str(ports.resolve()) if ports else "")
+                                   head=repo.head(), ports=str(ports.resolve()) if ports else "",
+                                   candidates=[c.as_dict() for c in candidates])
         _save(layout, rebase_state)
         return _proceed(layout, rebase_state)
+
+
+def _deleted_targets(old: WorkRepo, new: WorkRepo, pending: list[list[str]], version: str) -> list[Candidate]:
+    """The candidates whose files the new release deleted, each said as it is found."""
+    found = deleted_targets([(name, old.files_touched(commit)) for name, commit in pending],
+                            set(old.tracked_files(UPSTREAM_TAG)), set(new.tracked_files()), version)
+    for c in found:
+        say(f"{c.name}: candidate for dropping: {c.reason}: {', '.join(c.evidence)}")
+    return found
 
 
 def _proceed(layout: Layout, state: RebaseState) -> dict:
@@ -458,7 +532,8 @@ def _proceed(layout: Layout, state: RebaseState) -> dict:
     shutil.rmtree(_dir(layout) / "repo", ignore_errors=True)
     say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['ported'])} ported, "
         f"{len(report['absorbed'])} absorbed, "
-         f"{len(report['conflicts'])} conflicts; report: {_dir(layout) / 'report.md'}"
+         f"{len(report['conflicts'])} conflicts, {len(report['candidates'])} candidates for dropping; "
+         f"report: {_dir(layout) / 'report.md'}"
          + ("" if state.dry_run else f"; run `kimi sync` to lay vllm {state.target}"))
     return report
 

@@ -30,8 +30,9 @@ KEEP_OUT = frozenset({
 NEVER_LAID_OVER = frozenset({".git", ".kimi"})
 
 
-def extract_sdist(sdist: Path, dest: Path) -> None:
-    """Unpack ``sdist`` (a ``.tar.gz``) into ``dest`` without its top folder and ``KEEP_OUT``.
+def extract_sdist(sdist: Path, dest: Path, only: frozenset[str] | None = None) -> None:
+    """Unpack ``sdist`` (a ``.tar.gz``) into ``dest`` without its top folder and ``KEEP_OUT``; with ``only``, just
+    those top-level entries (``KEEP_OUT`` does not apply: ``{"tests"}`` unpacks upstream's tests).
 
     Members with absolute paths, ``..`` or links leaving the tree are refused.
 
@@ -42,7 +43,7 @@ def extract_sdist(sdist: Path, dest: Path) -> None:
         with tarfile.open(sdist, "r:*") as tar:
             for member in tar:
                 parts = PurePosixPath(member.name).parts
-                if len(parts) < 2 or parts[1] in KEEP_OUT:
+                if len(parts) < 2 or (parts[1] not in only if only is not None else parts[1] in KEEP_OUT):
                     continue
                 rel = PurePosixPath(*parts[1:])
                 if rel.is_absolute() or ".." in rel.parts:
