@@ -40,6 +40,7 @@ if NEXT_INSTALLED:
     from vllm.v1.worker.gpu import buffer_utils as up_buffer_utils
     from vllm.v1.worker.gpu import input_batch as up_input_batch
     from vllm.v1.worker.gpu.sample import gumbel as up_gumbel
+    from vllm.v1.worker.gpu.spec_decode import adaptive_verification as up_adaptive
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler as up_rejection_sampler
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as up_rejection_utils
     from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as up_speculator
@@ -145,6 +146,7 @@ GB = "vllm.v1.worker.gpu.sample.gumbel"
 RS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 RU = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 SP = "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator"
+AV = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
 
 # (num_reqs, max_num_reqs, num_speculative_steps, seed)
 SHAPES = [(1, 4, 0, 0), (3, 8, 3, 1), (5, 5, 2, 2), (7, 16, 4, 3), (32, 40, 3, 4)]
@@ -678,6 +680,30 @@ def test_speculator_update_draft_inputs(monkeypatch, shape, advance):
                 torch.zeros(b.max_num_reqs * (num_spec + 1), hidden_size), buffers,
                 torch.randint(0, 99, (b.max_num_reqs,)),
                 b.num_reqs, torch.tensor(max_model_len, dtype=torch.int32), num_spec, advance_draft_positions=advance)
+
+
+# ---------------------------------------------------------------------------------------------
+# spec_decode/adaptive_verification.py
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
+def test_assign_draft_token_budget(monkeypatch, shape, ties):
+    """Every budget from none to all scheduled drafts but one, on requests with 0..k scheduled drafts;
+    with ``ties`` the confidences take three values, so thresholds tie across requests."""
+    b = make_batch(*shape)
+    confidences = torch.rand(b.max_num_reqs, b.num_spec, generator=b.g)
+    if ties:
+        confidences = torch.tensor([0.5, 0.9, 1.0])[torch.randint(0, 3, confidences.shape, generator=b.g)]
+    scheduled = torch.randint(0, b.num_spec + 1, (b.num_reqs,), generator=b.g, dtype=torch.int32)
+    scheduled[0] = b.num_spec
+    survival = torch.empty(b.max_num_reqs * b.num_spec, dtype=torch.int32)
+    with comparing(monkeypatch, f"{AV}._assign_draft_token_budget_kernel") as compare:
+        for budget in range(int(scheduled.sum())):
+            capacities = scheduled.clone()
+            up_adaptive.assign_draft_token_budget(confidences, b.idx_mapping, capacities, budget, survival)
+            assert int(capacities.sum()) == budget and bool((capacities <= scheduled).all())
+    assert compare.launches == int(scheduled.sum())
 
 
 def test_copies_are_independent():
