@@ -26,9 +26,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from vllm.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
 
 #: Methods whose speculator has draft confidences without a draft model's logits.
 CONFIDENCES_WITHOUT_DRAFT_MODEL = frozenset({"suffix"})
@@ -106,6 +109,19 @@ def median_curve(points: Iterable[tuple[int, float]]) -> list[tuple[int, float]]
     return [(size, float(np.median(values))) for size, values in sorted(grouped.items())]
 
 
+def dense_curve(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``curve`` (sizes ascending) interpolated linearly at every integer size from its first to its last.
+
+    Upstream's cost tables price a size between two profiled points at the next point up (a CUDA graph pads
+    to its captured size); an eager step does not pad, so the eager curve is handed over dense.
+    """
+    if len(curve) < 2:
+        return list(curve)
+    sizes, ms = np.asarray(curve, dtype=np.float64).T
+    every = np.arange(int(sizes[0]), int(sizes[-1]) + 1)
+    return [(int(n), float(v)) for n, v in zip(every, np.interp(every, sizes, ms), strict=True)]
+
+
 def profile_eager_costs(runner: Any) -> None:
     """Seed ``runner.adaptive_verification``'s cost tables from timed eager dummy steps; no-op without it.
 
@@ -113,7 +129,8 @@ def profile_eager_costs(runner: Any) -> None:
     allocated and its kernels warmed up.  Each size of :func:`profile_token_counts` runs upstream's
     ``_PROFILE_REPLAYS`` times with ``VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN`` tokens of context
     (capped by the model length, as upstream's profiling is); the draft curve is the drafter's time per
-    request count, the verification curve the target forward's per token count (medians).  The acceptance
+    request count, the verification curve the target forward's per token count (medians, made dense by
+    :func:`dense_curve`).  The acceptance
     estimator's statistics, which the dummy steps fed, are dropped afterwards.
     """
     manager = runner.adaptive_verification
@@ -131,8 +148,11 @@ def profile_eager_costs(runner: Any) -> None:
             for _ in range(_PROFILE_REPLAYS):
                 runner._dummy_run(num_tokens, context_len=envs.VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN,
                                   skip_eplb=True)
-    manager.set_cost_curves(median_curve((s.num_reqs, s.drafter_ms) for s in samples),
-                            median_curve((s.num_target_tokens, s.forward_ms) for s in samples))
+    draft = median_curve((s.num_reqs, s.drafter_ms) for s in samples)
+    verify = median_curve((s.num_target_tokens, s.forward_ms) for s in samples)
+    logger.info("adaptive verification, eager cost curves (ms): drafting by requests %s, verification by tokens %s",
+                [(n, round(ms, 2)) for n, ms in draft], [(n, round(ms, 2)) for n, ms in verify])
+    manager.set_cost_curves(dense_curve(draft), dense_curve(verify))
     estimator = getattr(runner.speculator, "acceptance_estimator", None)
     if estimator is not None:
         estimator.warmup()
