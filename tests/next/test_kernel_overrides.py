@@ -40,8 +40,10 @@ if NEXT_INSTALLED:
     from vllm.v1.worker.gpu import buffer_utils as up_buffer_utils
     from vllm.v1.worker.gpu import input_batch as up_input_batch
     from vllm.v1.worker.gpu.sample import gumbel as up_gumbel
+    from vllm.v1.worker.gpu.spec_decode import adaptive_verification as up_adaptive
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler as up_rejection_sampler
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as up_rejection_utils
+    from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptanceEstimator
     from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as up_speculator
 
     from kimi.cpu_platform.kernels import OVERRIDES
@@ -145,6 +147,8 @@ GB = "vllm.v1.worker.gpu.sample.gumbel"
 RS = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
 RU = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
 SP = "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator"
+AV = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
+AE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
 
 # (num_reqs, max_num_reqs, num_speculative_steps, seed)
 SHAPES = [(1, 4, 0, 0), (3, 8, 3, 1), (5, 5, 2, 2), (7, 16, 4, 3), (32, 40, 3, 4)]
@@ -678,6 +682,72 @@ def test_speculator_update_draft_inputs(monkeypatch, shape, advance):
                 torch.zeros(b.max_num_reqs * (num_spec + 1), hidden_size), buffers,
                 torch.randint(0, 99, (b.max_num_reqs,)),
                 b.num_reqs, torch.tensor(max_model_len, dtype=torch.int32), num_spec, advance_draft_positions=advance)
+
+
+# ---------------------------------------------------------------------------------------------
+# spec_decode/adaptive_verification.py
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
+def test_assign_draft_token_budget(monkeypatch, shape, ties):
+    """Every budget from none to all scheduled drafts but one, on requests with 0..k scheduled drafts;
+    with ``ties`` the confidences take three values, so thresholds tie across requests."""
+    b = make_batch(*shape)
+    confidences = torch.rand(b.max_num_reqs, b.num_spec, generator=b.g)
+    if ties:
+        confidences = torch.tensor([0.5, 0.9, 1.0])[torch.randint(0, 3, confidences.shape, generator=b.g)]
+    scheduled = torch.randint(0, b.num_spec + 1, (b.num_reqs,), generator=b.g, dtype=torch.int32)
+    scheduled[0] = b.num_spec
+    survival = torch.empty(b.max_num_reqs * b.num_spec, dtype=torch.int32)
+    with comparing(monkeypatch, f"{AV}._assign_draft_token_budget_kernel") as compare:
+        for budget in range(int(scheduled.sum())):
+            capacities = scheduled.clone()
+            up_adaptive.assign_draft_token_budget(confidences, b.idx_mapping, capacities, budget, survival)
+            assert int(capacities.sum()) == budget and bool((capacities <= scheduled).all())
+    assert compare.launches == int(scheduled.sum())
+
+
+def estimator_batch(shape, per_token_step: bool):
+    """An estimator and one draft step's inputs: logits over two vocabulary blocks (5000 entries), one row
+    carrying its max twice, one padded row (request state -1), greedy and sampled temperatures."""
+    b = make_batch(*shape)
+    estimator = OnlineAcceptanceEstimator(b.max_num_reqs, b.num_spec, torch.device("cpu"))
+    estimator.slope.fill_(0.7)
+    estimator.intercepts.copy_(torch.linspace(-0.5, 0.5, b.num_spec))
+    rows = b.num_reqs * b.num_spec if per_token_step else b.num_reqs
+    logits = torch.randn(rows, 5000, generator=b.g) * 3
+    logits[0, 17] = logits[0, 4100] = logits[0].max() + 1.0
+    idx_mapping = b.idx_mapping.repeat_interleave(b.num_spec) if per_token_step else b.idx_mapping.clone()
+    idx_mapping[-1] = -1
+    step = (torch.arange(rows) % b.num_spec) if per_token_step else torch.tensor(b.num_spec - 1)
+    temperature = torch.where(torch.rand(b.max_num_reqs, generator=b.g) < 0.5, 0.0, 0.8)
+    confidences = torch.zeros(b.max_num_reqs, b.num_spec)
+    return b, estimator, (logits, idx_mapping, step, confidences, temperature)
+
+
+@pytest.mark.parametrize("per_token_step", [False, True], ids=["one-step", "per-row-step"])
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=SHAPE_IDS[1:4])
+def test_acceptance_estimator_predict(monkeypatch, shape, per_token_step):
+    _, estimator, args = estimator_batch(shape, per_token_step)
+    floats = frozenset({"local_max_ptr", "local_excl_sumexp_ptr", "features_ptr", "pred_ptr", "conf_ptr"})
+    with comparing(monkeypatch, f"{AE}._local_max_sumexp_kernel", floats), \
+            comparing(monkeypatch, f"{AE}._predict_kernel", floats):
+        estimator.predict(*args)
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
+def test_acceptance_estimator_accumulate(monkeypatch, shape):
+    b, estimator, args = estimator_batch(shape, per_token_step=False)
+    for step in range(b.num_spec):
+        estimator.predict(args[0], args[1], torch.tensor(step), *args[3:])
+    idx_mapping = b.idx_mapping
+    num_sampled = torch.randint(0, b.num_spec + 2, (b.num_reqs,), generator=b.g, dtype=torch.int32)
+    num_rejected = torch.clamp(b.num_spec + 1 - num_sampled, min=0) * (torch.rand(b.num_reqs, generator=b.g) < 0.8)
+    floats = frozenset({"info_ptr", "grad_ptr", "counts_ptr"})
+    with comparing(monkeypatch, f"{AE}._accumulate_kernel", floats):
+        for _ in range(2):
+            estimator.step(idx_mapping, num_sampled, num_rejected.to(torch.int32))
 
 
 def test_copies_are_independent():

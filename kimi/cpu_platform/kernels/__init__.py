@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kimi.cpu_platform.kernels import block_table, buffer_utils, gumbel, input_batch, rejection, speculator
+from kimi.cpu_platform.kernels import adaptive, block_table, buffer_utils, gumbel, input_batch, rejection, speculator
 
 OVERRIDES: dict[str, Callable[..., None]] = {
     **input_batch.OVERRIDES,
@@ -20,6 +20,7 @@ OVERRIDES: dict[str, Callable[..., None]] = {
     **gumbel.OVERRIDES,
     **rejection.OVERRIDES,
     **speculator.OVERRIDES,
+    **adaptive.OVERRIDES,
 }
 
 __all__ = ["OVERRIDES"]
