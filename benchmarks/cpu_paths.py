@@ -33,30 +33,23 @@ def measure(target: str, drafter: str | None, k: int, prompt_ids: list[list[int]
     acceptance length (1 + accepted / drafts) of the timed batch, None without speculation.
     """
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    from kimi.e2e.engine import spec_metrics, spec_metrics_since
+    from kimi.e2e.engine import timed_greedy
     from kimi.e2e.presets import CPU_EAGER
 
     spec = None if drafter is None else {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
     began = time.monotonic()
     llm = LLM(model=target, speculative_config=spec, disable_log_stats=False, **CPU_EAGER)
     start_s = time.monotonic() - began
-    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    before = spec_metrics(llm.get_metrics())
-    began = time.monotonic()
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
-                           use_tqdm=False)
-    seconds = time.monotonic() - began
-    counted = spec_metrics_since(spec_metrics(llm.get_metrics()), before)
+    seconds, counted, token_ids = timed_greedy(llm, prompt_ids, tokens)
     drafts = counted["num_drafts"]
     steps = round(drafts / len(prompt_ids)) + 1 if drafter else tokens
     llm.llm_engine.engine_core.shutdown()
     return {"vllm": vllm.__version__, "seconds": round(seconds, 3), "start_s": round(start_s, 1), "steps": steps,
             "step_ms": round(1000 * seconds / steps, 2),
             "tau": round(1 + counted["num_accepted_tokens"] / drafts, 3) if drafts else None,
-            "tokens": [list(out.outputs[0].token_ids) for out in outputs]}
+            "tokens": token_ids}
 
 
 def parse_path(text: str) -> tuple[str, str]:

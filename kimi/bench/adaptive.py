@@ -48,9 +48,9 @@ def measure(target: str, drafter: str, setting: str, k: int, prompts: dict[str, 
     counted as verified.
     """
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    from kimi.e2e.engine import spec_metrics, spec_metrics_since
+    from kimi.e2e.engine import timed_greedy
     from kimi.e2e.presets import CPU_EAGER
 
     began = time.monotonic()
@@ -59,19 +59,12 @@ def measure(target: str, drafter: str, setting: str, k: int, prompts: dict[str, 
     found: dict = {"vllm": vllm.__version__, "start_s": round(time.monotonic() - began, 1)}
     try:
         for domain in DOMAINS:
-            batch = [{"prompt_token_ids": ids} for ids in prompts[domain]]
-            llm.generate(batch, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-            before = spec_metrics(llm.get_metrics())
-            began = time.monotonic()
-            outputs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
-                                   use_tqdm=False)
-            seconds = time.monotonic() - began
-            counted = spec_metrics_since(spec_metrics(llm.get_metrics()), before)
+            seconds, counted, token_ids = timed_greedy(llm, prompts[domain], tokens)
             drafts = counted["num_drafts"]
-            found[domain] = {"seconds": round(seconds, 3), "tok_s": round(tokens * len(batch) / seconds, 2),
+            found[domain] = {"seconds": round(seconds, 3), "tok_s": round(tokens * len(token_ids) / seconds, 2),
                              "tau": round(1 + counted["num_accepted_tokens"] / drafts, 3) if drafts else None,
                              "draft_tokens": counted["num_draft_tokens"],
-                             "tokens": [list(out.outputs[0].token_ids) for out in outputs]}
+                             "tokens": token_ids}
     finally:
         llm.llm_engine.engine_core.shutdown()
     return found

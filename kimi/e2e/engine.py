@@ -109,6 +109,25 @@ def spec_metrics_since(after: dict, before: dict) -> dict:
             "accepted_per_pos": [a - b for a, b in zip(now, then, strict=True)]}
 
 
+def timed_greedy(llm, prompt_ids: list[list[int]], tokens: int) -> tuple[float, dict, list[list[int]]]:
+    """Warm ``llm`` with a 4-token greedy batch of ``prompt_ids``, then time ``tokens`` greedy tokens per prompt in
+    one batch (``ignore_eos``).
+
+    Returns ``(seconds, counted, token_ids)``: wall seconds of the timed batch, what the engine's speculative
+    decoding counters counted during it (:func:`spec_metrics_since`), and each prompt's generated ids.
+    """
+    from vllm import SamplingParams
+
+    batch = [{"prompt_token_ids": ids} for ids in prompt_ids]
+    llm.generate(batch, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    before = spec_metrics(llm.get_metrics())
+    began = time.monotonic()
+    outputs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True), use_tqdm=False)
+    seconds = time.monotonic() - began
+    counted = spec_metrics_since(spec_metrics(llm.get_metrics()), before)
+    return seconds, counted, [list(out.outputs[0].token_ids) for out in outputs]
+
+
 def engine_info(llm) -> dict:
     """What an ``LLM`` runs with, for a result file: eager or not, CUDA-graph and compilation modes, the
     capture sizes (``[min, max, count]``), the target's architecture, the model runner (``v1``/``v2``) and,
