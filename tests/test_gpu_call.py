@@ -450,6 +450,15 @@ def test_the_kits_line_is_the_series_put_on_the_installed_vllm(tmp_path: Path) -
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "install-into.args").read_text().split()[-3:] == [str(tmp_path / "site"), "--line", "next"]
     assert "putting the next line on the installed vLLM" in r.stdout
+    # a checkout where the kit's line is gone (the next line became the mainline): the line pinning its version
+    lines_dir = tmp_path / "repo" / "kimi" / "lines"
+    (lines_dir / "mainline").mkdir(parents=True)
+    (lines_dir / "mainline" / "pin.json").write_text(json.dumps({"version": "0.34.0", "torch": "2.13.0"}))
+    r = _call(tmp_path / "repo", tmp_path, 3, **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "install-into.args").read_text().split()[-2:] == ["--line", "mainline"]
+    assert "the line that pins vLLM 0.34.0, mainline" in r.stdout
+    shutil.rmtree(lines_dir)
     repo = _repo(tmp_path, kit, [], manifest=False)  # the next line's kit stays installed: this call runs "true"
     (repo / "kimi" / "lines" / "next" / "patches").mkdir(parents=True)
     r = _call(repo, tmp_path, 2, "true", **{**env, "KIMI_GPU_STEPS": "all"})
