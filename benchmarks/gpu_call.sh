@@ -209,6 +209,11 @@ nvidia-smi > "$out/logs/nvidia-smi.txt" 2>&1 || true
 # -- 2. the fork onto the installed vLLM: the kit's line (a kit built before kits named theirs: the mainline) ----
 line=$(gk field "$site/.kit.json" line 2>/dev/null)
 line=${line:-mainline}
+if [ -d "$root/kimi/lines" ] && [ ! -f "$root/kimi/lines/$line/pin.json" ]; then  # renamed since (next -> mainline)
+  kit_version=$(gk field "$site/.kit.json" version 2>/dev/null)
+  line=$(gk line --lines "$root/kimi/lines" --version "$kit_version" | head -1)
+  note "the kit's line is no longer in this checkout: the line that pins vLLM $kit_version, $line"
+fi
 note "putting the $line line on the installed vLLM"
 "$py" -m kimi install-into "$site" --line "$line" > "$out/logs/install-into.log" 2>&1
 rc=$?; step install_into $rc

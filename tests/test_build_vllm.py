@@ -222,6 +222,12 @@ RELEASES = {
                    variables=_V026_VARS | {"DEEPSELECT_SRC_DIR", "FLASH_KDA_SRC_DIR"}, gcc=["11.3", "13"],
                    deepgemm_submodules={"third-party/cutlass/", "third-party/deep_jit/"},
                    fmha_folders=("python/fmha_sm100/kvouter/", "python/fmha_sm100/decode_q8kv4/")),
+    # QuTLASS gone; triton_kernels fetched as a source archive (set(TRITON_KERNELS_TAG ...), no GIT_TAG)
+    "0.34.0": dict(units=14, prefix="csrc/", new_units=("nvfp4_ds_mla_cache_kernels.cu",), cutlass="v4.7.1",
+                   variables=(_V026_VARS - {"QUTLASS_SRC_DIR"}) | {"DEEPSELECT_SRC_DIR", "FLASH_KDA_SRC_DIR"},
+                   gcc=["11.3", "13"], deepgemm_submodules={"third-party/cutlass/", "third-party/deep_jit/"},
+                   fmha_folders=("python/fmha_sm100/kvouter/", "python/fmha_sm100/decode_q8kv4/",
+                                 "python/fmha_sm100/prefill_q8kv4/")),
 }
 SDIST_026 = ROOT / ".kimi" / "cache" / "vllm-0.26.0.tar.gz"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
@@ -278,6 +279,29 @@ def test_patches_of_files_the_release_deleted_are_candidates(fork: Fork) -> None
     assert "| `tests/t.py::test_a` | failed | AttributeError: x | 0001-main-and-spec |" in md
     assert report(fork)["upstream_tests"] == SUMMARY and "## Candidates for dropping" in md
     assert not add_upstream_tests(layout, "v0.26", SUMMARY)
+
+
+def test_a_file_the_release_deleted_is_resolved_by_leaving_it_deleted(fork: Fork) -> None:
+    """A patch of main.py and speculative.py onto a release that deleted main.py and changed speculative.py's line:
+    the resolution keeps the deletion (`git rm`) and rewrites the other file; `--continue` commits it, keeps it as
+    a port and the rewritten patch names speculative.py only."""
+    main = patch_text("0001-main", "vllm/entrypoints/cli/main.py", "    return 0", "    return 1", 2, ["def main():"])
+    name, spec = speculative_patch(1, 10, "line 10 patched", slug="main-and-spec")
+    fork.add_patch(name, spec + main[main.index("diff --git"):])
+    fork.commit("one patch")
+    assert fork.sync().returncode == 0
+    kept = {k: v for k, v in UPSTREAM_FILES.items() if k != "vllm/entrypoints/cli/main.py"}
+    make_sdist(fork.from_dir, "9.9.1", {**kept, SPEC: lines((10, "line 10 upstream"))})
+    stopped = rebase(fork, "--to", "9.9.1")
+    assert stopped.returncode == 1 and "changed on one side, deleted on the other" in stopped.stderr
+    repo = fork.root / ".kimi" / "rebase" / "repo"
+    subprocess.run(["git", "-C", str(repo), "rm", "-q", "vllm/entrypoints/cli/main.py"], check=True)
+    (repo / SPEC).write_text(lines((10, "line 10 upstream and patched")))
+    resumed = rebase(fork, "--continue")
+    assert resumed.returncode == 0, resumed.stderr
+    patch = (fork.patches / "0001-main-and-spec.patch").read_text()
+    assert "+line 10 upstream and patched" in patch and "cli/main.py" not in patch
+    assert (fork.root / "kimi" / "lines" / "mainline" / "ports" / "9.9.1" / "0001-main-and-spec.patch").is_file()
 
 
 SUMMARY = {"line": "mainline", "version": "9.9.0", "written": "now", "files": 1, "tests": 2, "fixed": 0,

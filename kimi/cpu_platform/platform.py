@@ -55,11 +55,6 @@ def refusals(vllm_config: VllmConfig) -> list[str]:
     if backend is not None:
         found.append(f"--attention-backend {getattr(backend, 'name', backend)}: this platform picks its own (the "
                      "fork's CPU_MLA for MLA layers, CPU_ATTN on torch ops for the others); leave it unset")
-    parallel = vllm_config.parallel_config
-    if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
-        found.append(f"tensor parallel {parallel.tensor_parallel_size} x pipeline parallel "
-                     f"{parallel.pipeline_parallel_size}: not run on this platform yet; use one process "
-                     "(--tensor-parallel-size 1 --pipeline-parallel-size 1)")
     cache_dtype = vllm_config.cache_config.cache_dtype
     if cache_dtype not in KV_CACHE_DTYPES:
         found.append(f"--kv-cache-dtype {cache_dtype}: a quantized KV cache needs vLLM's compiled CPU kernels; "

@@ -567,7 +567,11 @@ def _resolve(repo: WorkRepo, last: dict) -> None:
         raise KimiError("conflict markers are still in " + ", ".join(f"{f} (lines {', '.join(map(str, lines))})"
                                                                     for f, lines in left.items()) + f" ({repo.path})")
     paths = sorted(set(last["files"]) | set(last["conflicts"]))
-    repo.git("add", "-A", "--", *paths)
+    # a file the user deleted to resolve a modify/delete conflict is neither on disk nor, once `git rm`-ed, in
+    # the index: naming it to `git add` would fail
+    known = set(repo.git("ls-files", "--", *paths).stdout.split("\n")) | {p for p in paths if (repo.path / p).exists()}
+    if known - {""}:
+        repo.git("add", "-A", "--", *sorted(known - {""}))
     unmerged = [p for p in repo.git("diff", "--name-only", "--diff-filter=U").stdout.split("\n") if p]
     if unmerged:
         raise KimiError(f"still unmerged in {repo.path}: {', '.join(unmerged)}")

@@ -34,7 +34,7 @@ from typing import Any
 
 from kimi.drafter.checkpoint import Checkpoint, read_config
 from kimi.drafter.conventions import LAYER_OUTPUT
-from kimi.drafter.inspect import Target, architectures_findings, detect_format, inspect_checkpoint
+from kimi.drafter.inspect import Report, Target, architectures_findings, detect_format, inspect_checkpoint
 from kimi.errors import KimiError
 
 
@@ -153,6 +153,7 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
             f"EAGLE-3 drafter {name} does not fit the {target.num_layers}-layer target {target_config.model}"
             f"{written}: {causes} `kimi drafter inspect {name} --target {target_config.model}` shows what was found."
         )
+    check_lm_head_quantization(spec_config, report)
     for warning in report.blocking(("convention", "format", "t2d")):
         log.warning("EAGLE-3 drafter %s: %s. Fix: %s.", name, warning.text, warning.fix)
     ids = tuple(report.aux_layer_ids)
@@ -180,6 +181,39 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
     return ids
 
 
+def deepseek_relays_aux_states() -> bool:
+    """Whether the installed vLLM's ``DeepseekV2Model`` joins the V2 runner's relay of aux states between pipeline
+    stages (``EagleModelMixin.supports_aux_hidden_states_over_pp``: vLLM 0.34.0 with patch 0022; Llama and Qwen2
+    upstream): then both runners' checks pass and EAGLE-3 at ``pipeline_parallel_size > 1`` is served anywhere."""
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
+
+    return bool(getattr(DeepseekV2Model, "supports_aux_hidden_states_over_pp", False))
+
+
+def check_lm_head_quantization(spec_config: Any, report: Report) -> None:
+    """Refuse ``draft_lm_head_quantization`` (vLLM 0.34.0) for a drafter whose own ``lm_head`` covers a draft
+    vocabulary other than the target's, before anything loads.
+
+    The option quantizes a copy of the target's ``lm_head`` and installs it on a drafter that shares the target's
+    head; vLLM decides sharing only after both models' weights are loaded (``share_target_lm_head``,
+    ``v1/worker/gpu/spec_decode/eagle/utils.py``) and then fails with "draft_lm_head_quantization needs a drafter
+    that shares the target lm_head". A head with other rows than the target's can never be shared.
+
+    Raises:
+        DrafterConfigError: the option is set and the draft vocabulary differs from the target's.
+    """
+    quantization = getattr(spec_config, "draft_lm_head_quantization", None)
+    draft, target = report.draft_vocab_size, report.target_vocab_size
+    if quantization is None or draft is None or target is None or draft == target:
+        return
+    raise DrafterConfigError(
+        f"EAGLE-3 drafter {spec_config.draft_model_config.model}: draft_lm_head_quantization={quantization!r} "
+        f"quantizes the target's lm_head for a drafter that shares it, but this drafter has its own lm_head over "
+        f"a draft vocabulary of {draft} ids (target: {target}); vLLM would fail only after loading both models' "
+        "weights. Fix: leave draft_lm_head_quantization out of --speculative-config."
+    )
+
+
 def check_pipeline_parallel(spec_config: Any) -> None:
     """Refuse EAGLE-3 with ``pipeline_parallel_size > 1`` on a target whose decoder is ``DeepseekV2Model``
     (:data:`DEEPSEEK_DECODERS`) where the fork has not made it work, before anything loads: everywhere but vLLM's
@@ -201,7 +235,7 @@ def check_pipeline_parallel(spec_config: Any) -> None:
     stages = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
     target_config = spec_config.target_model_config
     model_type = str(getattr(target_config.hf_text_config, "model_type", ""))
-    if stages <= 1 or model_type not in DEEPSEEK_DECODERS:
+    if stages <= 1 or model_type not in DEEPSEEK_DECODERS or deepseek_relays_aux_states():
         return
     from vllm.platforms import current_platform
 

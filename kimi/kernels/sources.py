@@ -281,6 +281,11 @@ def external_sources(root: Path, sources_dir: Path | None = None) -> list[Extern
         sets = dict(_SET_RE.findall(text))
         repos = [_resolve(r, sets) for r in re.findall(r"GIT_REPOSITORY\s+\"?([^\"\s)]+)", text)]
         tags = [_resolve(t, sets) for t in re.findall(r"GIT_TAG\s+\"?([^\"\s)]+)", text)]
+        if not tags and not repos:
+            # fetched as a source archive (0.34.0's triton_kernels): set(X_TAG ...) and set(X_GIT ...); the last
+            # set() of each wins, as in _SET_RE's dict: the CUDA branch follows the ROCm one
+            tags = [v for k, v in sets.items() if k.endswith("_TAG")]
+            repos = [v for k, v in sets.items() if k.endswith("_GIT") and v.startswith("https://github.com/")]
         for variable in dict.fromkeys(_ENV_RE.findall(text)):
             if variable in found:
                 continue

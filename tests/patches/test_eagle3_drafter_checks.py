@@ -222,3 +222,21 @@ def test_a_drafter_without_architectures_is_refused_with_the_fix(trained_pair: P
     error = engine_config(trained_pair / "target", drafter)["error"]
     assert "no architectures in config.json" in error and "Supported architectures" not in error
     assert 'Fix: write architectures: ["LlamaForCausalLMEagle3"]' in error
+
+
+def test_lm_head_quantization_is_refused_before_load_for_a_drafter_with_its_own_vocabulary(trained_pair: Path) -> None:
+    """vLLM 0.34.0's draft_lm_head_quantization quantizes the target's lm_head for a drafter that shares it, and
+    finds out that the drafter does not only after both models load; the pair's drafter has its own head over 1536
+    draft ids (target: 4096), so the check refuses the option while the config is built."""
+    import kimi.hooks.eagle3_drafter_checks as checks
+    from kimi.drafter.corpus import spec_config
+
+    config = spec_config(trained_pair / "drafter", trained_pair / "target")
+    config.draft_lm_head_quantization = None
+    checks.prepare_eagle3_drafter(config)  # without the option: served
+    config.draft_lm_head_quantization = "fp8"
+    with pytest.raises(checks.DrafterConfigError) as refused:
+        checks.prepare_eagle3_drafter(config)
+    message = str(refused.value)
+    assert "draft_lm_head_quantization='fp8'" in message and "draft vocabulary of 1536 ids (target: 4096)" in message
+    assert "Fix: leave draft_lm_head_quantization out of --speculative-config" in message

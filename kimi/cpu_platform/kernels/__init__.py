@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kimi.cpu_platform.kernels import adaptive, block_table, buffer_utils, gumbel, input_batch, rejection, speculator
+from kimi.cpu_platform.kernels import (
+    adaptive,
+    block_table,
+    buffer_utils,
+    gumbel,
+    input_batch,
+    rejection,
+    speculator,
+    structured_outputs,
+)
 
 OVERRIDES: dict[str, Callable[..., None]] = {
     **input_batch.OVERRIDES,
@@ -21,6 +30,7 @@ OVERRIDES: dict[str, Callable[..., None]] = {
     **rejection.OVERRIDES,
     **speculator.OVERRIDES,
     **adaptive.OVERRIDES,
+    **structured_outputs.OVERRIDES,
 }
 
 __all__ = ["OVERRIDES"]

@@ -28,8 +28,8 @@ import pytest
 
 from conftest import installed_line
 
-pytestmark = pytest.mark.line("next")
-NEXT_INSTALLED = installed_line() == "next"
+pytestmark = pytest.mark.line("mainline")
+NEXT_INSTALLED = installed_line() == "mainline"
 
 if NEXT_INSTALLED:
     # Triton picks the interpreter when a kernel is decorated: set before vLLM's kernels import.
@@ -759,3 +759,48 @@ def test_copies_are_independent():
     copied.fill_(-1)
     assert torch.equal(base, torch.arange(12).view(3, 4))
     assert copy.copy(5) == clone_arg(5)
+
+
+# ---------------------------------------------------------------------------------------------
+# structured_outputs.py
+
+
+def test_grammar_bitmask_kernel_still_fails_in_the_interpreter():
+    """Why the override below is compared with a reference rather than with Triton: upstream's kernel stops in the
+    interpreter. Once it runs there, compare the two as the other kernels are."""
+    from vllm.v1.worker.gpu import structured_outputs as up_structured_outputs
+
+    kernel = upstream_kernel("vllm.v1.worker.gpu.structured_outputs._apply_grammar_bitmask_kernel")
+    logits = torch.zeros(2, 40)
+    with pytest.raises(Exception, match="mask has unsupported dtype"):
+        kernel[(1, 1)](logits, logits.stride(0), torch.zeros(1, dtype=torch.int32),
+                       torch.tensor([0, 2], dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32), 2, 40,
+                       MASK_STRIDE=2, BLOCK_SIZE=up_structured_outputs.GRAMMAR_BITMASK_BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("vocab, logits_width", [(100, 100), (64, 70), (4096, 4096)])
+def test_grammar_bitmask_forbids_exactly_the_unset_bits(vocab, logits_width):
+    """Each mask row bans, in its request's row at its position, the tokens whose bit is 0 (xgrammar's packing:
+    bit t % 32 of word t // 32); positions past a request's rows are skipped; other rows are untouched."""
+    words = (vocab + 31) // 32
+    gen = torch.Generator().manual_seed(vocab)
+    cu = torch.tensor([0, 3, 4, 7], dtype=torch.int32)  # three requests: 3, 1 and 3 logits rows
+    mask_stride = 3
+    # (request, position) as request * 3 + position; request 1 has one row, so its position 2 is skipped
+    mapping = torch.tensor([0 * 3 + 0, 0 * 3 + 2, 1 * 3 + 0, 1 * 3 + 2, 2 * 3 + 1], dtype=torch.int32)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (mapping.numel(), words), dtype=torch.int32, generator=gen)
+    logits = torch.randn(7, logits_width, generator=gen)
+    expected = logits.clone()
+    for m, entry in enumerate(mapping.tolist()):
+        request, position = divmod(entry, mask_stride)
+        if position >= int(cu[request + 1] - cu[request]):
+            continue
+        row = int(cu[request]) + position
+        for token in range(vocab):
+            if not (int(bitmask[m, token // 32]) >> (token % 32)) & 1:
+                expected[row, token] = float("-inf")
+    OVERRIDES["vllm.v1.worker.gpu.structured_outputs._apply_grammar_bitmask_kernel"](
+        logits, logits.stride(0), mapping, cu, bitmask, bitmask.stride(0), vocab, MASK_STRIDE=mask_stride,
+        BLOCK_SIZE=8192)
+    assert torch.equal(logits, expected)
+    assert torch.isinf(logits[[0, 2, 3, 5]]).any() and not torch.isinf(logits[[1, 4, 6]]).any()  # rows of no mask
