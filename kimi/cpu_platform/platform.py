@@ -116,6 +116,7 @@ class TorchCpuPlatform(CpuPlatform):
         if compilation.mode != CompilationMode.NONE:
             # the torch ops have no fake (meta) versions for torch.compile to trace: run eager
             logger.info("torch-only CPU platform: eager mode (as --enforce-eager)")
-            vllm_config.model_config.enforce_eager = True
+            if vllm_config.model_config is not None:  # a VllmConfig() without a model has none
+                vllm_config.model_config.enforce_eager = True
             compilation.mode = CompilationMode.NONE
             compilation.cudagraph_mode = CUDAGraphMode.NONE
