@@ -92,7 +92,7 @@ def test_drafters_fit_the_target(models: Path, target: str) -> None:
 _ENGINE = textwrap.dedent("""
     import json, sys
     from vllm.engine.arg_utils import EngineArgs
-    cfg = EngineArgs(model=sys.argv[1], max_model_len=1024, gpu_memory_utilization=0.25,
+    cfg = EngineArgs(model=sys.argv[1], max_model_len=1024, gpu_memory_utilization=0.25, dtype="float32",
                      speculative_config={"method": "eagle3", "model": sys.argv[2],
                                          "num_speculative_tokens": 3}).create_engine_config()
     draft = cfg.speculative_config.draft_model_config
@@ -164,7 +164,7 @@ _K25_CONFIG = textwrap.dedent("""
     import json, sys
     from vllm.engine.arg_utils import EngineArgs
     from vllm.multimodal import MULTIMODAL_REGISTRY
-    cfg = EngineArgs(model=sys.argv[1], max_model_len=1024, gpu_memory_utilization=0.25,
+    cfg = EngineArgs(model=sys.argv[1], max_model_len=1024, gpu_memory_utilization=0.25, dtype="float32",
                      speculative_config={"method": "eagle3", "model": sys.argv[2],
                                          "num_speculative_tokens": 3}).create_engine_config()
     model, draft = cfg.model_config, cfg.speculative_config.draft_model_config
