@@ -1,4 +1,4 @@
-"""Adaptive verification against fixed EAGLE-3 and no speculation, on the next line's torch-only CPU platform.
+"""Adaptive verification against fixed EAGLE-3 and no speculation, on the mainline's torch-only CPU platform.
 
     .venv/bin/python benchmarks/adaptive.py [--python .venv/bin/python] [--models models/pair] \\
         [--prompts 4] [--tokens 32] [--k 3] [--rounds 2]
@@ -56,7 +56,7 @@ def main() -> int:
     vocab_size = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     code = tokenize(target, code_prompts(args.prompts))
     prompts = {"off": random_prompts(vocab_size, args.prompts, len(code[0])), "in": code}
-    # the child imports the next line's vllm and this checkout's kimi (its own tree holds a copy of kimi too)
+    # the child imports the mainline's vllm and this checkout's kimi
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_CACHE_ROOT": tempfile.mkdtemp(prefix="adaptive-cache-")}
     runs: dict[str, list[dict]] = {}
@@ -79,7 +79,7 @@ def main() -> int:
     write_json(args.out / "adaptive.json", out)
     lines = header("Adaptive verification (EAGLE-3) against fixed k and no speculation, CPU", out["command"],
                    out["date"])
-    lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs, shared); vLLM {out['vllm']} (next line, torch-only "
+    lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs, shared); vLLM {out['vllm']} (torch-only "
                f"CPU platform, float32, eager); the pair `{args.models.name}`; {args.prompts} requests x "
                f"{args.tokens} tokens in one batch, greedy; k = {args.k}; {args.rounds} rounds, settings in turns "
                "(median tok/s)"), "",

@@ -305,14 +305,29 @@ def installed_python(layout: Layout) -> Path:
     return python
 
 
+#: The most pytest workers ``kimi test`` starts: each may hold a vLLM engine (a few GB) while it runs.
+MAX_TEST_WORKERS = 4
+
+
+def test_workers(pytest_args: list[str], named: list[str]) -> int:
+    """How many pytest-xdist workers ``kimi test`` runs the suite with: one per CPU this process may use, at most
+    :data:`MAX_TEST_WORKERS`; 0 (no xdist) on one CPU, when tests are named, or when ``pytest_args`` choose
+    (``-n``/``--numprocesses``, ``-p no:xdist``). Most of the suite's time is single-threaded Python (engines of
+    tiny models, the Triton interpreter), so workers on otherwise idle cores shorten it nearly in proportion."""
+    chosen = any(a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n", "--numprocesses="))
+                 for a in pytest_args)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if chosen or named or cpus < 2 else min(cpus, MAX_TEST_WORKERS)
+
+
 def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto",
               pytest_args: list[str] | None = None) -> int:
     """The README's test command; returns pytest's exit status (5, no tests, becomes 1)."""
     layout = line_layout(layout, line)
     python = _ensure_env_at(layout, line, venv, kernels, None)
     pip_env = {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))}
-    _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
-                pip_env, layout.root)
+    _run_logged([str(python), "-m", "pip", "install", "pytest", "pytest-xdist"],
+                layout.private / "logs" / "pip-pytest.log", pip_env, layout.root)
     _run_logged([str(python), "-m", "pip", "install", "--no-deps", *TEST_NO_DEPS],
                 layout.private / "logs" / "pip-test-extras.log", pip_env, layout.root)
     # a line with a test folder of its own (the origin line) runs it; the others (v0.26) the mainline's suite
@@ -321,7 +336,11 @@ def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str 
     _step(f"running pytest on {', '.join(named) if named else tests + '/'}"
           + ("" if line == DEFAULT_LINE else f" in {layout.root}"))
     env = suite_env(layout, line, kernels)
-    code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]), *(pytest_args or [])],
+    workers = test_workers(pytest_args or [], named)
+    if workers:
+        _step(f"{workers} pytest workers (pytest-xdist, one test file each at a time; `-- -n 0` runs in one process)")
+    code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]),
+                           *(["-n", str(workers), "--dist", "loadfile"] if workers else []), *(pytest_args or [])],
                           cwd=layout.root, env=env).returncode
     if code == PYTEST_NO_TESTS:
         print("kimi test: error: pytest collected no tests", file=sys.stderr)

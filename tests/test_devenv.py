@@ -147,3 +147,19 @@ def test_torch_kernels_install_the_cpu_runtime_list_without_torch(tmp_path: Path
     assert _install_key(layout, "cpu") != before
     cpu.write_text("-r common.txt\nnumba == 0.66.0\n")
     assert _install_key(layout, "torch") != before
+
+
+def test_the_suite_runs_on_one_worker_per_cpu_unless_told(monkeypatch) -> None:
+    """`kimi test` spreads the suite over the CPUs (at most MAX_TEST_WORKERS), not when tests are named, when pytest's
+    own -n or -p no:xdist is given, or on one CPU."""
+    from kimi import devenv
+
+    monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert devenv.test_workers(["-q", "--durations=40"], []) == 2
+    assert devenv.test_workers(["-n", "0"], []) == devenv.test_workers(["-n3"], []) == 0
+    assert devenv.test_workers(["-p", "no:xdist"], []) == 0
+    assert devenv.test_workers([], ["tests/test_devenv.py"]) == 0
+    monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    assert devenv.test_workers([], []) == devenv.MAX_TEST_WORKERS
+    monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: {0})
+    assert devenv.test_workers([], []) == 0
