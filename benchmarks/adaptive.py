@@ -1,6 +1,6 @@
-"""Adaptive verification against fixed EAGLE-3 and no speculation, on the next line's torch-only CPU platform.
+"""Adaptive verification against fixed EAGLE-3 and no speculation, on the mainline's torch-only CPU platform.
 
-    .venv/bin/python benchmarks/adaptive.py [--python .kimi/envs/next/.venv/bin/python] [--models models/pair] \\
+    .venv/bin/python benchmarks/adaptive.py [--python .venv/bin/python] [--models models/pair] \\
         [--prompts 4] [--tokens 32] [--k 3] [--rounds 2]
 
 Settings (``kimi.bench.adaptive.SETTINGS``): no speculation, EAGLE-3 with the pair's drafter at ``--k``, the same
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", type=Path, default=ROOT / ".kimi/envs/next/.venv/bin/python",
-                        help="the next line's interpreter (kimi setup --line next)")
+    parser.add_argument("--python", type=Path, default=ROOT / ".venv/bin/python",
+                        help="the mainline's interpreter (python3 -m kimi setup)")
     parser.add_argument("--models", type=Path, default=ROOT / "models/pair")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32)
@@ -37,13 +37,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.measure:  # a child: the next line's install
+    if args.measure:  # a child: the mainline's install
         from kimi.bench.adaptive import measure
 
         print(json.dumps(measure(**json.loads(args.measure))))
         return 0
     if not args.python.is_file():
-        parser.error(f"--python: no interpreter at {args.python}; run python3 -m kimi setup --line next")
+        parser.error(f"--python: no interpreter at {args.python}; run python3 -m kimi setup")
     sys.path.insert(0, str(ROOT))
     from kimi.bench.adaptive import SETTINGS, random_prompts, summarize
     from kimi.bench.cpu_paths import run_child
@@ -56,7 +56,7 @@ def main() -> int:
     vocab_size = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     code = tokenize(target, code_prompts(args.prompts))
     prompts = {"off": random_prompts(vocab_size, args.prompts, len(code[0])), "in": code}
-    # the child imports the next line's vllm and this checkout's kimi (its own tree holds a copy of kimi too)
+    # the child imports the mainline's vllm and this checkout's kimi
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_CACHE_ROOT": tempfile.mkdtemp(prefix="adaptive-cache-")}
     runs: dict[str, list[dict]] = {}
@@ -79,7 +79,7 @@ def main() -> int:
     write_json(args.out / "adaptive.json", out)
     lines = header("Adaptive verification (EAGLE-3) against fixed k and no speculation, CPU", out["command"],
                    out["date"])
-    lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs, shared); vLLM {out['vllm']} (next line, torch-only "
+    lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs, shared); vLLM {out['vllm']} (torch-only "
                f"CPU platform, float32, eager); the pair `{args.models.name}`; {args.prompts} requests x "
                f"{args.tokens} tokens in one batch, greedy; k = {args.k}; {args.rounds} rounds, settings in turns "
                "(median tok/s)"), "",

@@ -8,7 +8,8 @@ Run in the fork's venv (``python3 -m kimi setup`` makes it)::
    transformers' DeepSeek-V3 on the same checkpoint, float32, and the largest raw-logit difference.
 2. Lossless: greedy output with EAGLE-3 (Llama-style and MLA-style drafters, k = 1 and 3) against the
    output without speculation. The reference drafters have random weights and are rarely accepted, so
-   a run with the target as its own draft model (k = 3) is added to exercise accepted tokens.
+   a run with the target as its own draft model (k = 3) is added to exercise accepted tokens. Then the
+   Kimi-K2.5 wrapper with text and image requests, both drafter styles at k = 3 (``kimi.bench.multimodal``).
 3. Serve: ``vllm serve`` with the MLA drafter, 8 concurrent completion requests, then bad input (a prompt
    longer than max_model_len, a malformed JSON body) and one more request; a drafter whose hidden size
    does not match must stop the start-up with the fix named.
@@ -24,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench.cpu_e2e import run_lossless, run_parity, run_serve, run_wrong_drafter, write_results
+from kimi.bench.cpu_e2e import run_k25_lossless, run_lossless, run_parity, run_serve, run_wrong_drafter, write_results
 from kimi.bench.hardware import cpu_name
 from kimi.bench.results import stamp
 from kimi.e2e.engine import CPU_ENGINE, tokenize
@@ -54,6 +55,7 @@ def main() -> int:
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": sys.version.split()[0]}}
     result["hf_parity"] = run_parity(target, prompt_ids, args.tokens)
     result["lossless"], result["spec_counters"] = run_lossless(args.models, prompt_ids, args.tokens)
+    result["k25_lossless"] = run_k25_lossless(args.models)
     result["serve"] = run_serve(args.models, prompts, logs)
     result["wrong_drafter"] = run_wrong_drafter(args.models, logs)
     result["seconds"] = round(time.monotonic() - begin)

@@ -1,8 +1,8 @@
 """Per-kernel time of the CPU platform's torch overrides against the Triton kernels in Triton's interpreter.
 
-    .kimi/envs/next/.venv/bin/python benchmarks/cpu_kernel_overrides.py [num_reqs ...]   (the next line's venv)
+    .venv/bin/python benchmarks/cpu_kernel_overrides.py [num_reqs ...]   (the mainline's venv)
 
-Drives the upstream launchers of tests/next/test_kernel_overrides.py on one decode step's batch
+Drives the upstream launchers of tests/cpu_platform/test_kernel_overrides.py on one decode step's batch
 (3 speculative steps, vocab 4096) and records the mean ms per launch of each kernel, both ways, in
 ``benchmarks/results/cpu_kernel_overrides.{json,md}``.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "next")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "cpu_platform")]
 
 import pytest  # noqa: E402
 import test_kernel_overrides as t  # noqa: E402
@@ -70,7 +70,7 @@ def step(num_reqs: int):
 
 def main() -> None:
     counts = [int(a) for a in sys.argv[1:]] or [4, 32]
-    out = {**stamp("benchmarks/cpu_kernel_overrides.py", sys.argv[1:], python=".kimi/envs/next/.venv/bin/python"),
+    out = {**stamp("benchmarks/cpu_kernel_overrides.py", sys.argv[1:], python=".venv/bin/python"),
            "cpu": cpu_name(), "vllm": importlib.metadata.version("vllm"), "torch": torch.__version__, "rows": []}
     for num_reqs in counts:
         results = {}

@@ -1,7 +1,7 @@
-"""Step cost of two CPU paths side by side: the mainline's compiled one and the torch-only platform on 0.34.0.
+"""Step cost of two CPU paths side by side: the v0.32 line's compiled one and the mainline's torch-only platform.
 
-    .venv/bin/python benchmarks/cpu_paths.py --path compiled-0.32=.venv/bin/python \\
-        --path torch-0.34=.kimi/envs/next/.venv/bin/python [--models models/pair] [--prompts 8] [--tokens 32]
+    .venv/bin/python benchmarks/cpu_paths.py --path compiled-0.32=.kimi/envs/v0.32/.venv/bin/python \\
+        --path torch-0.34=.venv/bin/python [--models models/pair] [--prompts 8] [--tokens 32]
 
 The first ``--path`` is the baseline. For each round and each path: no speculation, then EAGLE-3 with the
 pair's drafter at ``--k``; each measurement in a fresh child process of that path's python

@@ -8,7 +8,7 @@
 # mainline) gives VERSION (its pin's) and the series that `kimi install-into --line LINE` puts on the host
 # (kit.json's "line": gpu_call.sh reads it); the CUDA wheel downloaded is checked against the pin's sha256.
 # The kit's torch is the one the release's CUDA wheel requires (kimi/gpukit.py kit-torch), never the pin's
-# "torch", which is the line's CPU torch (the next line: 2.13.0 on CPU, while 0.34.0's CUDA wheel wants 2.14.0).
+# "torch", which is the line's CPU torch (the mainline: 2.13.0 on CPU, while 0.34.0's CUDA wheel wants 2.14.0).
 #
 # The kit is ONE byte stream (an uncompressed tar: kit.json, vllm.tar.xz, wheels/*.whl, payload/...) cut
 # into chunks, OUT_DIR/chunk00.., described by OUT_DIR/MANIFEST.json (chunk names, sizes, sha256s, the total
@@ -25,7 +25,7 @@
 #     pins on host packages of unknown version are listed in OUT_DIR/host-pins.txt and checked on the host
 #     when the kit is installed (logs/check-reqs.log);
 #   - what kimi/lines/LINE/gpu-kit.txt names (requirements the release needs that the shared resolver skips;
-#     the next line: the CuTe DSL and QuACK, which vLLM 0.34.0 imports at every CUDA engine's start);
+#     the mainline: the CuTe DSL and QuACK, which vLLM 0.34.0 imports at every CUDA engine's start);
 #   - each --payload DIR (or KIMI_KIT_PAYLOADS, space-separated), e.g. a model pair folder: unpacked on the
 #     host under /tmp/kitpayload and linked at the same path in the repository (.kimi/models/x stays
 #     .kimi/models/x; the shipped pair models/pair needs none: it is tracked).
@@ -40,7 +40,7 @@
 # "pillow>=12.3.0,nvidia-cudnn-cu13==9.20.0.48"), KIMI_KIT_TORCHVISION=0 (leave torchvision out),
 # KIMI_GPU_SCRIPTS, KIMI_CACHE_DIR.
 #   e.g. KIMI_KIT_VERSION=0.32.0 KIMI_KIT_TORCH=2.13.0 bash benchmarks/gpu_kit.sh
-#        bash benchmarks/gpu_kit.sh --line next        (vLLM 0.34.0 + the next line's series, torch 2.14.0)
+#        bash benchmarks/gpu_kit.sh --line v0.32       (vLLM 0.32.0 + the 0.32.0 series, torch 2.13.0)
 #
 # It ends by printing the device calls to make (python3 kimi/gpukit.py calls --kit OUT_DIR prints them
 # again; --only chunk07,chunk08 for the ones a reply says are missing); see benchmarks/gpu_call.sh.

@@ -11,7 +11,7 @@ checkout is not touched).
   rewrote it for that release); a conflict without a port stops the script.
 * The v0.26 line (the mainline before it moved) is replayed onto 0.32.0 as a
   dry run with the resolutions the mainline's rebase kept
-  (``kimi/lines/mainline/ports/0.32.0``): the move repeated without a hand.
+  (``kimi/lines/v0.32/ports/0.32.0``): the move repeated without a hand.
   With ``--verify-installed`` the patches it drops as declared absorbed have
   their ``Absorbed-check`` tests run against the mainline installed in this
   checkout's ``.venv`` (vLLM 0.32.0 without them).
@@ -21,7 +21,8 @@ checkout is not touched).
   against the new release - the evidence that upstream's own fix covers the
   symptom - and then the line's other tests, whose failures name what the
   fork did that upstream does not.
-* The mainline is dry-run onto its next release.
+* The v0.32 line (the mainline before it moved to 0.34.0) is replayed onto
+  0.34.0 as a dry run with the resolutions kept in ``kimi/lines/v0.32/ports/0.34.0``.
 
 The per-step reports are collected into ``benchmarks/results/rebase.json`` and
 ``rebase.md`` (plus each step's own report), with the command, the date and
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PORTS = ROOT / "benchmarks" / "rebase_ports"
 # Chains of (line, target releases, dry run) in history order; a chain's steps start from the previous step's result.
-CHAINS = [("origin", ["0.17.0", "0.18.0"], False), ("v0.26", ["0.32.0"], True), ("mainline", ["0.33.0"], True)]
+CHAINS = [("origin", ["0.17.0", "0.18.0"], False), ("v0.26", ["0.32.0"], True), ("v0.32", ["0.34.0"], True)]
 
 
 def ports_for(line: str, target: str) -> Path | None:

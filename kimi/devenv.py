@@ -139,20 +139,40 @@ def _build_requirements(layout: Layout, mode: str) -> Path:
     if found is None:
         raise KimiError(f"no build requirements for {kind} in {layout.root / 'requirements'} "
                         f"(looked for {', '.join(names)})")
-    if mode != "torch":
-        return found
-    kept = [line for line in found.read_text().splitlines() if not re.match(r"\s*torch\b", line)]
-    copy = layout.private / "build-requirements-torch.txt"
+    return found if mode != "torch" else _without_torch(found, layout.private / "build-requirements-torch.txt")
+
+
+def _torch_mode_requirements(layout: Layout) -> Path | None:
+    """What a ``torch`` install serves with beyond ``common.txt`` (which ``VLLM_TARGET_DEVICE=empty`` alone reads):
+    the CPU target's runtime list, ``requirements/cpu.txt``, without its torch lines and its ``-r`` includes (a copy
+    in ``.kimi/``). It brings numba, which vLLM's N-gram drafter and the Kimi-K2.5 image processor without
+    torchvision (``KimiK25FusedVisionProcessor``) need. None where the laid tree has no such file."""
+    found = layout.root / "requirements" / "cpu.txt"
+    return _without_torch(found, layout.private / "runtime-requirements-torch.txt") if found.is_file() else None
+
+
+def _requirement_lines(path: Path | None) -> list[str]:
+    """The requirement lines of ``path`` (none without comments and blank lines)."""
+    lines = path.read_text().splitlines() if path else []
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _without_torch(found: Path, copy: Path) -> Path:
+    """``found`` written to ``copy`` without its torch lines (the pin's torch is installed instead) and without
+    ``-r`` includes, which name files beside ``found``."""
+    kept = [line for line in found.read_text().splitlines() if not re.match(r"\s*(torch\b|-r\s)", line)]
     write_atomic(copy, "\n".join(kept) + "\n")
     return copy
 
 
 def _install_key(layout: Layout, mode: str) -> str:
-    """Identifies an install: the synced state (release, series, line), the kernels mode and the checkout
-    (an editable install points at one; a venv given with --venv may have served another)."""
+    """Identifies an install: the synced state (release, series, line), the kernels mode, the checkout
+    (an editable install points at one; a venv given with --venv may have served another) and, in ``torch``
+    mode, what is installed beside vLLM's own requirements."""
     state = json.loads(layout.state_file.read_text())
-    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode, str(layout.root.resolve())],
-                       sort_keys=True)
+    extras = [*TORCH_MODE_EXTRAS, *_requirement_lines(_torch_mode_requirements(layout))] if mode == "torch" else []
+    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode, str(layout.root.resolve()),
+                        *([extras] if extras else [])], sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
@@ -222,8 +242,10 @@ def _ensure_env_at(layout: Layout, line: str, venv: Path | None, kernels: str, f
         env["KIMI_FROM"] = str(from_dir)
     build_reqs = _build_requirements(layout, mode)
     t0 = _step(f"[1/2] installing torch {pin.torch} and vLLM's build requirements (log: {logs / 'pip-build.log'})")
+    runtime_reqs = _torch_mode_requirements(layout) if mode == "torch" else None
     _run_logged([str(python), "-m", "pip", "install", f"torch=={pin.torch}", "-r", str(build_reqs),
-                 *TORCH_MODE_EXTRAS * (mode == "torch")], logs / "pip-build.log", env, layout.root)
+                 *(["-r", str(runtime_reqs)] if runtime_reqs else []), *TORCH_MODE_EXTRAS * (mode == "torch")],
+                logs / "pip-build.log", env, layout.root)
     t1 = _step(f"      done in {time.monotonic() - t0:.0f} s")
     kernels_note = "no compiled kernels (torch only)" if mode == "torch" else f"precompiled {mode} kernels"
     _step(f"[2/2] pip install -e . with {kernels_note}, and {', '.join(TOOLS)} "
@@ -283,14 +305,29 @@ def installed_python(layout: Layout) -> Path:
     return python
 
 
+#: The most pytest workers ``kimi test`` starts: each may hold a vLLM engine (a few GB) while it runs.
+MAX_TEST_WORKERS = 4
+
+
+def test_workers(pytest_args: list[str], named: list[str]) -> int:
+    """How many pytest-xdist workers ``kimi test`` runs the suite with: one per CPU this process may use, at most
+    :data:`MAX_TEST_WORKERS`; 0 (no xdist) on one CPU, when tests are named, or when ``pytest_args`` choose
+    (``-n``/``--numprocesses``, ``-p no:xdist``). Most of the suite's time is single-threaded Python (engines of
+    tiny models, the Triton interpreter), so workers on otherwise idle cores shorten it nearly in proportion."""
+    chosen = any(a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n", "--numprocesses="))
+                 for a in pytest_args)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if chosen or named or cpus < 2 else min(cpus, MAX_TEST_WORKERS)
+
+
 def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str = "auto",
               pytest_args: list[str] | None = None) -> int:
     """The README's test command; returns pytest's exit status (5, no tests, becomes 1)."""
     layout = line_layout(layout, line)
     python = _ensure_env_at(layout, line, venv, kernels, None)
     pip_env = {**os.environ, "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(layout.cache / "pip"))}
-    _run_logged([str(python), "-m", "pip", "install", "pytest"], layout.private / "logs" / "pip-pytest.log",
-                pip_env, layout.root)
+    _run_logged([str(python), "-m", "pip", "install", "pytest", "pytest-xdist"],
+                layout.private / "logs" / "pip-pytest.log", pip_env, layout.root)
     _run_logged([str(python), "-m", "pip", "install", "--no-deps", *TEST_NO_DEPS],
                 layout.private / "logs" / "pip-test-extras.log", pip_env, layout.root)
     # a line with a test folder of its own (the origin line) runs it; the others (v0.26) the mainline's suite
@@ -299,7 +336,11 @@ def run_tests(layout: Layout, line: str, venv: Path | None = None, kernels: str 
     _step(f"running pytest on {', '.join(named) if named else tests + '/'}"
           + ("" if line == DEFAULT_LINE else f" in {layout.root}"))
     env = suite_env(layout, line, kernels)
-    code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]), *(pytest_args or [])],
+    workers = test_workers(pytest_args or [], named)
+    if workers:
+        _step(f"{workers} pytest workers (pytest-xdist, one test file each at a time; `-- -n 0` runs in one process)")
+    code = subprocess.run([str(python), "-m", "pytest", *([] if named else [tests]),
+                           *(["-n", str(workers), "--dist", "loadfile"] if workers else []), *(pytest_args or [])],
                           cwd=layout.root, env=env).returncode
     if code == PYTEST_NO_TESTS:
         print("kimi test: error: pytest collected no tests", file=sys.stderr)

@@ -601,8 +601,8 @@ def kit_line(lines: Path, line: str | None = None, version: str | None = None) -
     (``kimi/lines/<line>``) at its pin's version, or else the line whose pin names ``version`` (the mainline
     first; the mainline, with no sha256, when none does), or else the mainline's pin.
 
-    The line decides which series ``kimi install-into`` puts on the host's vLLM, so a 0.34.0 kit installs the
-    ``next`` line, not the mainline's 0.32.0 patches.
+    The line decides which series ``kimi install-into`` puts on the host's vLLM, so a 0.32.0 kit installs the
+    ``v0.32`` line, not the mainline's 0.34.0 patches.
 
     Raises:
         KitError: no such line, or ``version`` is not the named line's.
@@ -644,7 +644,7 @@ def line_requires(lines: Path, line: str) -> list[str]:
 def kit_torch(cuda_wheel: Path, requested: str | None = None) -> str:
     """The torch a GPU kit carries: the one the release's CUDA wheel requires (``torch==X``).
 
-    A line's ``pin.json`` names the torch of its CPU path (the next line's says 2.13.0 while vLLM 0.34.0's CUDA
+    A line's ``pin.json`` names the torch of its CPU path (the mainline's says 2.13.0 while vLLM 0.34.0's CUDA
     wheel requires 2.14.0), so it never decides a GPU kit's torch. ``requested`` (``KIMI_KIT_TORCH``) must agree
     with the wheel, and names the torch when the wheel pins none.
 

@@ -188,7 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip GPU tests without CUDA, ``build`` tests unless KIMI_TEST_BUILD=1, and install tests of a
     line whose vLLM is not the one installed.
 
-    An ``install`` test belongs to the line named by its ``line(NAME)`` marker, else to the default
+    An ``install`` test belongs to the lines named by its ``line(NAME, ...)`` marker, else to the default
     line.  Under `kimi test --line NAME` (KIMI_TEST_INSTALLED=1, KIMI_TEST_LINE=NAME) a missing or
     other install of that line's tests is a failure, not a skip.
     """
@@ -202,9 +202,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_ok = any("gpu" in item.keywords for item in items) and _cuda_available()
     for item in items:
         marker = item.get_closest_marker("line")
-        line = marker.args[0] if marker else _suite_line(installed, required)
-        if ("install" in item.keywords or marker) and line != installed and line != required:
-            item.add_marker(pytest.mark.skip(reason=_skip_reason(line, installed)))
+        lines = marker.args if marker else (_suite_line(installed, required),)
+        if ("install" in item.keywords or marker) and installed not in lines and required not in lines:
+            item.add_marker(pytest.mark.skip(reason=_skip_reason(lines[0], installed)))
         if "gpu" in item.keywords and not gpu_ok:
             item.add_marker(no_gpu)
         if "build" in item.keywords and not build_ok:

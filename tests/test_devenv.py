@@ -127,3 +127,39 @@ def test_fast_runs_the_tests_that_need_no_install_with_this_python(fork: Fork) -
     (tests / "test_a.py").write_text("import pytest\n\n\n@pytest.mark.install\ndef test_i():\n    pass\n")
     none = fork.kimi("test", "--fast", "--", "-p", "no:cacheprovider")
     assert none.returncode == 1 and "pytest collected no tests" in none.stderr
+
+
+def test_torch_kernels_install_the_cpu_runtime_list_without_torch(tmp_path: Path) -> None:
+    """VLLM_TARGET_DEVICE=empty reads common.txt alone; the torch-only platform serves with the CPU target's runtime
+    list (numba: the N-gram drafter, Kimi-K2.5's image processor without torchvision), torch and includes left out.
+    The install key follows that list, so a venv made before it changed is installed again."""
+    from kimi.devenv import _torch_mode_requirements
+
+    layout = Layout(root=tmp_path, cache=tmp_path / "cache")
+    layout.private.mkdir(parents=True)
+    layout.state_file.write_text(json.dumps({"sdist_sha256": "ab" * 32, "series": {}, "line": "mainline"}))
+    assert _torch_mode_requirements(layout) is None
+    (tmp_path / "requirements").mkdir()
+    cpu = tmp_path / "requirements" / "cpu.txt"
+    cpu.write_text('-r common.txt\nnumba == 0.65.0 # N-gram\ntorch==2.14.0+cpu; platform_machine == "x86_64"\n')
+    assert _torch_mode_requirements(layout).read_text().splitlines() == ["numba == 0.65.0 # N-gram"]
+    before = _install_key(layout, "torch")
+    assert _install_key(layout, "cpu") != before
+    cpu.write_text("-r common.txt\nnumba == 0.66.0\n")
+    assert _install_key(layout, "torch") != before
+
+
+def test_the_suite_runs_on_one_worker_per_cpu_unless_told(monkeypatch) -> None:
+    """`kimi test` spreads the suite over the CPUs (at most MAX_TEST_WORKERS), not when tests are named, when pytest's
+    own -n or -p no:xdist is given, or on one CPU."""
+    from kimi import devenv
+
+    monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert devenv.test_workers(["-q", "--durations=40"], []) == 2
+    assert devenv.test_workers(["-n", "0"], []) == devenv.test_workers(["-n3"], []) == 0
+    assert devenv.test_workers(["-p", "no:xdist"], []) == 0
+    assert devenv.test_workers([], ["tests/test_devenv.py"]) == 0
+    monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    assert devenv.test_workers([], []) == devenv.MAX_TEST_WORKERS
+    monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: {0})
+    assert devenv.test_workers([], []) == 0

@@ -219,7 +219,7 @@ def test_torch_stack_comes_from_the_torch_wheels_own_pins(tmp_path: Path) -> Non
 
 
 def test_the_kits_line_is_named_or_found_by_the_version_its_pin_names(tmp_path: Path) -> None:
-    """A 0.34.0 kit is the next line's (its series goes on the host), not the mainline's 0.32.0."""
+    """A kit is the line whose pin names its version (that series goes on the host), else the mainline."""
     lines = tmp_path / "lines"
     for line, version, sha in (("mainline", "0.32.0", "a" * 64), ("next", "0.34.0", "b" * 64), ("v0.26", "0.26.0", "")):
         (lines / line).mkdir(parents=True)
@@ -239,7 +239,7 @@ def test_the_kits_line_is_named_or_found_by_the_version_its_pin_names(tmp_path: 
     (lines / "next" / "gpu-kit.txt").write_text("# why\nnvidia-cutlass-dsl==4.8.0  # the DSL\n\nx-libs-cu13==4.8.0\n")
     assert gpukit.line_requires(lines, "next") == ["nvidia-cutlass-dsl==4.8.0", "x-libs-cu13==4.8.0"]
     assert gpukit.line_requires(lines, "mainline") == []
-    shipped = gpukit.line_requires(ROOT / "kimi" / "lines", "next")
+    shipped = gpukit.line_requires(ROOT / "kimi" / "lines", "mainline")
     assert "nvidia-cutlass-dsl-libs-cu13==4.8.0" in shipped and not any("cu12" in r for r in shipped)
 
 

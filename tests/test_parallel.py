@@ -251,7 +251,9 @@ def test_the_boundary_drafter_names_an_id_in_each_stage_and_one_at_their_boundar
     assert not (tmp_path / "b.partial").exists()
 
 
+# PP 2 with EAGLE-3 stops in 0.34.0's first stage on the torch-only CPU platform, which refuses it (below)
 @pytest.mark.install
+@pytest.mark.line("v0.32")
 def test_pp2_eagle3_on_the_pair_is_lossless_and_accepts_as_one_stage(trained_pair: Path) -> None:
     """The shipped pair on vLLM's CPU backend (torch.compile: vLLM 0.32.0's CPU workers allocate the pipeline's
     intermediate tensors in the compile warm-up): EAGLE-3 at TP 2 and at PP 2 (patch 0022; upstream fails there,
@@ -272,7 +274,9 @@ def test_pp2_eagle3_on_the_pair_is_lossless_and_accepts_as_one_stage(trained_pai
         assert run.counters == one.counters, (tp, pp, run.counters, one.counters)
 
 
+# PP 2 with EAGLE-3 stops in 0.34.0's first stage on the torch-only CPU platform, which refuses it (below)
 @pytest.mark.install
+@pytest.mark.line("v0.32")
 def test_pp2_vllm_serve_answers_concurrent_openai_requests_like_one_rank(trained_pair: Path, tmp_path: Path) -> None:
     """``vllm serve`` of the shipped pair at PP 2 (vLLM's multiprocessing executor, gloo between the stages), with and
     without EAGLE-3, answers four greedy completions sent at once by the openai client with the tokens of the target
@@ -289,3 +293,26 @@ def test_pp2_vllm_serve_answers_concurrent_openai_requests_like_one_rank(trained
         assert entry["status"] == "done" and entry["failed"] == 0 and entry["requests"] == 4, entry
         assert served.tokens == one.tokens, speculative
     assert entry["counters"]["num_drafts"] > 0 and entry["counters"]["num_accepted_tokens"] > 0
+
+
+@pytest.mark.install
+@pytest.mark.line("mainline")
+def test_pp2_with_eagle3_is_refused_on_the_torch_cpu_platform_before_anything_loads(trained_pair: Path) -> None:
+    """vLLM 0.34.0 on the torch-only CPU platform: PP 2 without speculation and TP 2 with EAGLE-3 serve the pair, PP 2
+    with EAGLE-3 stopped in the first stage's first speculative step ("assert (num_scheduled_tokens_np >=
+    num_logits).all()", model_runner.prepare_inputs); the platform refuses it while the config is built, with the
+    fix."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    spec = {"method": "eagle3", "model": str(trained_pair / "drafter"), "num_speculative_tokens": 3}
+
+    def config(pp: int, tp: int, speculative: dict | None):
+        return EngineArgs(model=str(trained_pair / "target"), skip_tokenizer_init=True, max_model_len=512,
+                          dtype="float32", pipeline_parallel_size=pp, tensor_parallel_size=tp,
+                          speculative_config=speculative).create_engine_config()
+
+    with pytest.raises(ValueError, match="--pipeline-parallel-size 2 with --speculative-config") as refused:
+        config(2, 1, spec)
+    assert "--tensor-parallel-size 2 with one stage" in str(refused.value)
+    assert config(1, 2, spec).parallel_config.tensor_parallel_size == 2
+    assert config(2, 1, None).parallel_config.pipeline_parallel_size == 2

@@ -252,9 +252,12 @@ def test_combine_projects_the_slice_from_depths_measured_in_different_calls() ->
     assert combine([deep, shallow])["projection"]["c4_k3"]["t_moe_layer_ms"] == 2.0
 
 
-def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
+def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path, monkeypatch) -> None:
+    """... and the caller's PYTHONPATH after the sites: the GPU host's kit adds `cutlass` there (0.34.0 imports it at
+    every CUDA engine's start; without it all three engines of the 2026-12-06 call died)."""
     import argparse
 
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site/extra")
     args = argparse.Namespace(upstream_site=Path("/tmp/upstream"), fork_site=Path("/tmp/site"), fork_greedy="auto")
     up = variant_env(args, {"variant": "upstream"}, tmp_path)
     fork = variant_env(args, {"variant": "fork", "greedy": "check"}, tmp_path)
@@ -264,6 +267,7 @@ def test_upstream_engines_see_the_pristine_vllm_first(tmp_path: Path) -> None:
     assert up["PYTHONPATH"].split(os.pathsep)[:3] == [str(kimi_only), "/tmp/upstream", "/tmp/site"]
     assert fork["PYTHONPATH"].split(os.pathsep)[:2] == [str(kimi_only), "/tmp/site"]
     assert "/tmp/upstream" not in fork["PYTHONPATH"]
+    assert up["PYTHONPATH"].split(os.pathsep)[-1] == fork["PYTHONPATH"].split(os.pathsep)[-1] == "/tmp/site/extra"
     assert (up["KIMI_DRAFT_GREEDY"], fork["KIMI_DRAFT_GREEDY"]) == ("upstream", "check")
     nospec = variant_env(args, {"variant": "nospec"}, tmp_path)
     assert up["VLLM_CACHE_ROOT"] != fork["VLLM_CACHE_ROOT"] == nospec["VLLM_CACHE_ROOT"]

@@ -1,6 +1,6 @@
-"""Adaptive verification against fixed EAGLE-3 and no speculation on the next line's CPU platform.
+"""Adaptive verification against fixed EAGLE-3 and no speculation on the mainline's CPU platform.
 
-``benchmarks/adaptive.py`` runs each setting (:data:`SETTINGS`) as a fresh child process of the next line's
+``benchmarks/adaptive.py`` runs each setting (:data:`SETTINGS`) as a fresh child process of the mainline's
 python, settings in turns round after round (the same machine load for each); a child measures one engine on
 both prompt sets (:func:`measure`) and the orchestrator compares medians (:func:`summarize`).
 """
@@ -39,7 +39,7 @@ def random_prompts(vocab_size: int, count: int, length: int, seed: int = 0) -> l
 
 def measure(target: str, drafter: str, setting: str, k: int, prompts: dict[str, list[list[int]]], tokens: int,
             max_num_seqs: int) -> dict:
-    """One engine (the next line's CPU platform, float32, eager) for ``setting``; for each prompt set of
+    """One engine (the mainline's CPU platform, float32, eager) for ``setting``; for each prompt set of
     ``prompts`` (keys :data:`DOMAINS`, in that order): a 4-token warm-up batch, then ``tokens`` greedy tokens
     per prompt in one batch, timed.
 

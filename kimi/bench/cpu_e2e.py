@@ -1,5 +1,6 @@
 """The checks of ``benchmarks/cpu_e2e.py`` (issue B), the fork's main job on a machine without a GPU: parity with
-transformers, lossless EAGLE-3, ``vllm serve`` with bad input, and a drafter that must not start. Needs the
+transformers, lossless EAGLE-3 (on the reference target and on the Kimi-K2.5 wrapper with images), ``vllm serve``
+with bad input, and a drafter that must not start. Needs the
 fork's venv (vLLM, torch, transformers: imported by :mod:`kimi.e2e.engine` when a check runs)."""
 
 from __future__ import annotations
@@ -55,6 +56,23 @@ def run_lossless(models: Path, prompt_ids: list[list[int]], tokens: int) -> tupl
         step(f"lossless {name}: {lossless[name]}, counters {counters[name]}")
     step(f"lossless: done ({time.monotonic() - start:.0f} s)")
     return lossless, counters
+
+
+def run_k25_lossless(models: Path) -> dict:
+    """The Kimi-K2.5 wrapper (``models/kimi-k25``) with text and image requests, each drafter style against the
+    wrapper alone: :func:`kimi.bench.multimodal.lossless` on the CPU engines (``{scenario: {style: ...}}``)."""
+    from kimi.bench.multimodal import lossless
+
+    start = step("lossless: the Kimi-K2.5 wrapper, text and image requests, both drafter styles")
+    out = lossless(str(models / "kimi-k25"), {style: str(models / f"drafter-{style}") for style in ("llama", "mla")})
+    step(f"lossless Kimi-K2.5: done ({time.monotonic() - start:.0f} s)")
+    return out
+
+
+def tau(counters: dict) -> float | None:
+    """Mean acceptance length τ = 1 + accepted / drafts from spec-decode counters; None without drafts."""
+    drafts = counters.get("num_drafts") or 0
+    return round(1 + counters["num_accepted_tokens"] / drafts, 3) if drafts else None
 
 
 def run_serve(models: Path, prompts: list[str], logs: Path, clients: int = 8) -> dict:
@@ -120,7 +138,14 @@ def write_results(out: Path, result: dict) -> None:
     for name, value in result["lossless"].items():
         acc = result["spec_counters"][name]
         lines.append(f"| lossless {name} | {value['identical']}/{value['total']} identical; accepted "
-                     f"{acc['num_accepted_tokens']:.0f} of {acc['num_draft_tokens']:.0f} draft tokens |")
+                     f"{acc['num_accepted_tokens']:.0f} of {acc['num_draft_tokens']:.0f} draft tokens, "
+                     f"τ {tau(acc)} |")
+    for style in ("llama", "mla"):
+        runs = [styles[style] for styles in result.get("k25_lossless", {}).values() if style in styles]
+        if runs:
+            lines.append(f"| lossless Kimi-K2.5 wrapper, {style} drafter | {sum(r['identical'] for r in runs)}/"
+                         f"{sum(r['total'] for r in runs)} identical in {len(runs)} text and image scenarios, "
+                         f"{sum(r['crashes'] for r in runs)} crashed |")
     serve = result["serve"]
     lines.append(f"| serve | ok={serve['ok']}, {serve['answered']}/{serve['requests']} concurrent answered, "
                  f"bad input {serve['bad_input']} |")

@@ -22,6 +22,7 @@ import gc
 from functools import partial
 
 from kimi.bench.results import header, write_json, write_lines
+from kimi.e2e.engine import model_runner
 from kimi.e2e.presets import CPU_EAGER, GPU_E2E
 from kimi.models.kimi_k25 import MEDIA_TOKEN
 
@@ -152,7 +153,7 @@ def drafter_inputs(target: str, drafter: str, chunked: bool = False, device: str
     try:
         installed = llm.collective_rpc(draft_inputs.install)[0]
         row = llm.collective_rpc(partial(draft_inputs.token_row, token_id=media_id))[0]
-        out = {"engine": {"model_runner": "v2" if llm.llm_engine.vllm_config.use_v2_model_runner else "v1",
+        out = {"engine": {"model_runner": model_runner(llm.llm_engine.vllm_config),
                           "drafter": installed["drafter"]}, "scenarios": {}}
         for name, key, color in plan:
             done = llm.generate([image_request(texts[key], (color,))], _params(), use_tqdm=False)

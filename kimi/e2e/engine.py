@@ -128,6 +128,12 @@ def timed_greedy(llm, prompt_ids: list[list[int]], tokens: int) -> tuple[float, 
     return seconds, counted, [list(out.outputs[0].token_ids) for out in outputs]
 
 
+def model_runner(config) -> str:
+    """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` serves with. vLLM 0.26 - 0.32 choose by
+    ``use_v2_model_runner``; 0.34.0 removed Model Runner V1 and the attribute with it (always ``"v2"``)."""
+    return "v2" if getattr(config, "use_v2_model_runner", True) else "v1"
+
+
 def engine_info(llm) -> dict:
     """What an ``LLM`` runs with, for a result file: eager or not, CUDA-graph and compilation modes, the
     capture sizes (``[min, max, count]``), the target's architecture, the model runner (``v1``/``v2``) and,
@@ -142,9 +148,7 @@ def engine_info(llm) -> dict:
         sizes = config.compilation_config.cudagraph_capture_sizes or []
         info["cudagraph_capture_sizes"] = [min(sizes), max(sizes), len(sizes)] if sizes else []
         info["architecture"] = (config.model_config.architectures or ["?"])[0]
-        # the fork's default for DeepSeek-V3 targets with a non-MLA EAGLE-3 drafter is V2 (patch 0013); vLLM
-        # 0.34.0 has no V1 runner and no use_v2_model_runner
-        info["model_runner"] = "v2" if getattr(config, "use_v2_model_runner", True) else "v1"
+        info["model_runner"] = model_runner(config)
         if config.speculative_config is not None:
             spec = config.speculative_config
             info["draft_architecture"] = (spec.draft_model_config.architectures or ["?"])[0]

@@ -69,7 +69,7 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
         return None
     if mode == "check" and in_cuda_graph:
         raise ValueError(f"{MODE_ENV}=check counts draft rows at every call, which vLLM's V2 model runner does not "
-                         "make (it replays the drafting loop as a CUDA graph): set VLLM_USE_V2_MODEL_RUNNER=0")
+                         f"make (it replays the drafting loop as a CUDA graph): {_v1_runner_fix()}")
     from kimi.kernels.draft_head import draft_argmax, kernel_status, warm_up
 
     backend = "torch" if mode == "torch" else "auto"
@@ -92,6 +92,17 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
         return draft_argmax(logits, model.draft_id_to_target_id, backend=backend)
 
     return GreedyCheck(model, greedy) if mode == "check" else greedy
+
+
+def _v1_runner_fix() -> str:
+    """How to get vLLM's V1 model runner, where check mode runs: an environment variable up to vLLM 0.32, the v0.32
+    line of the fork since 0.34.0 removed that runner."""
+    import vllm.envs
+
+    if "VLLM_USE_V2_MODEL_RUNNER" in vllm.envs.environment_variables:
+        return "set VLLM_USE_V2_MODEL_RUNNER=0"
+    return (f"this vLLM has no V1 model runner (0.34.0 removed it); run check mode on the fork's v0.32 line, "
+            f"or set {MODE_ENV}=auto")
 
 
 class GreedyCheck:

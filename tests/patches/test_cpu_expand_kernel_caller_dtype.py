@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 #: A mainline patch for code 0.32.0 has (the CPU Triton fallbacks are newer than 0.26.0).
-pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
+pytestmark = [pytest.mark.install, pytest.mark.line("v0.32")]
 
 
 @pytest.mark.parametrize("dtype, values, replace", [

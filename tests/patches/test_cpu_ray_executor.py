@@ -100,6 +100,8 @@ def test_a_bound_worker_process_runs_on_its_group_only() -> None:
     assert out.strip().splitlines()[-1] == "[1] [1] 1 1"
 
 
+# vLLM 0.34.0 deleted the compiled-graph RayDistributedExecutor (v1/executor/ray_executor.py) and its refusal
+@pytest.mark.line("v0.32")
 def test_the_compiled_graph_ray_executor_is_refused_on_cpu_before_ray_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.v1.executor import ray_executor
 

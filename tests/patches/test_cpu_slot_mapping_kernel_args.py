@@ -14,7 +14,7 @@ import pytest
 
 #: A mainline patch for code 0.32.0 added: 0.26.0 has no `_COMPUTE_SLOT_MAPPING_KERNEL`
 #: (the v0.26 line has no such patch).
-pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
+pytestmark = [pytest.mark.install, pytest.mark.line("v0.32")]
 
 
 def test_slots_of_two_requests() -> None:

@@ -22,7 +22,8 @@ import pytest
 from conftest import installed_line
 from engine_script import make_reference_models, run_engine_script
 
-pytestmark = pytest.mark.install
+# V1 against V2 model runner choice (VllmConfig.use_v2_model_runner): vLLM 0.34.0 removed the V1 runner and the choice
+pytestmark = [pytest.mark.install, pytest.mark.line("v0.32", "v0.26")]
 
 
 _SCRIPT = textwrap.dedent("""

@@ -27,6 +27,7 @@ _ENGINE_CONFIG = textwrap.dedent("""
     from vllm.engine.arg_utils import EngineArgs
     target, drafter, max_len = sys.argv[1], sys.argv[2], int(sys.argv[3])
     args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=max_len, gpu_memory_utilization=0.25,
+                      dtype="float32",
                       speculative_config={"method": "eagle3", "model": drafter, "num_speculative_tokens": 3})
     try:
         hf = args.create_engine_config().speculative_config.draft_model_config.hf_config
@@ -102,7 +103,7 @@ _RUN = textwrap.dedent("""
     import json, sys
     from vllm import LLM, SamplingParams
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, max_model_len=512, gpu_memory_utilization=0.25, seed=0,
-              disable_log_stats=False,
+              disable_log_stats=False, dtype="float32",
               speculative_config={"method": "eagle3", "model": sys.argv[2], "num_speculative_tokens": 3})
     outs = llm.generate([{"prompt_token_ids": list(range(10, 30))}],
                         SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, detokenize=False))
@@ -144,7 +145,8 @@ _PARALLEL = textwrap.dedent("""
     from vllm.engine.arg_utils import EngineArgs
     target, drafter, extra = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3, **extra.pop("draft", {})}
-    args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512, **extra, speculative_config=spec)
+    args = EngineArgs(model=target, skip_tokenizer_init=True, max_model_len=512, dtype="float32", **extra,
+                      speculative_config=spec)
     t0 = time.monotonic()
     try:
         config = args.create_engine_config()
@@ -163,6 +165,16 @@ def parallel_config(target: Path, drafter: Path, **extra) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _deepseek_pp_spec(target: Path) -> SimpleNamespace:
+    return SimpleNamespace(
+        target_parallel_config=SimpleNamespace(pipeline_parallel_size=2, tensor_parallel_size=2),
+        target_model_config=SimpleNamespace(model=str(target),
+                                            hf_text_config=SimpleNamespace(model_type="deepseek_v3")))
+
+
+# vLLM 0.32.0's DeepseekV2Model relays no aux states over PP: the refusal off CPU is that release's (on 0.34.0 patch
+# 0022 makes it relay them and the check passes everywhere: the test below)
+@pytest.mark.line("v0.32")
 def test_pipeline_parallel_on_a_deepseek_target_passes_on_cpu_and_is_refused_elsewhere(trained_pair: Path,
                                                                                         monkeypatch) -> None:
     """EAGLE-3 with PP 2 on the DeepSeek-V3 target: vLLM's CPU backend builds the config (patch 0022 serves it; the
@@ -174,10 +186,7 @@ def test_pipeline_parallel_on_a_deepseek_target_passes_on_cpu_and_is_refused_els
 
     target, drafter = trained_pair / "target", trained_pair / "drafter"
     assert parallel_config(target, drafter, pipeline_parallel_size=2, tensor_parallel_size=2) == {"pp": 2, "tp": 2}
-    spec = SimpleNamespace(
-        target_parallel_config=SimpleNamespace(pipeline_parallel_size=2, tensor_parallel_size=2),
-        target_model_config=SimpleNamespace(model=str(target),
-                                            hf_text_config=SimpleNamespace(model_type="deepseek_v3")))
+    spec = _deepseek_pp_spec(target)
     checks.check_pipeline_parallel(spec)  # this CPU
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     with pytest.raises(checks.DrafterConfigError) as refused:
@@ -188,6 +197,28 @@ def test_pipeline_parallel_on_a_deepseek_target_passes_on_cpu_and_is_refused_els
     assert "--pipeline-parallel-size 1" in message and "--tensor-parallel-size 4" in message
     spec.target_parallel_config.pipeline_parallel_size = 1
     checks.check_pipeline_parallel(spec)  # one stage passes everywhere
+
+
+@pytest.mark.line("mainline")
+def test_pipeline_parallel_on_a_deepseek_target_passes_everywhere_once_deepseek_relays_aux_states(
+        trained_pair: Path, monkeypatch) -> None:
+    """vLLM 0.34.0 with patch 0022: DeepseekV2Model joins the V2 runner's relay of aux states between stages, so the
+    check refuses EAGLE-3 with PP 2 on the DeepSeek-V3 target on no platform (the torch-only CPU platform refuses PP
+    with speculation itself, for now)."""
+    from vllm.platforms import current_platform
+
+    import kimi.hooks.eagle3_drafter_checks as checks
+
+    assert checks.deepseek_relays_aux_states()
+    target, drafter = trained_pair / "target", trained_pair / "drafter"
+    # on this CPU the torch-only platform refuses PP with speculation (kimi/cpu_platform/platform.py), not the check
+    error = parallel_config(target, drafter, pipeline_parallel_size=2, tensor_parallel_size=2)["error"]
+    assert "--pipeline-parallel-size 2 with --speculative-config" in error
+    assert "EAGLE-3 with pipeline_parallel_size" not in error
+    spec = _deepseek_pp_spec(target)
+    checks.check_pipeline_parallel(spec)  # this CPU
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    checks.check_pipeline_parallel(spec)  # a GPU host
 
 
 def test_a_draft_tensor_parallel_size_the_target_does_not_allow_is_refused_by_vllm_at_config_time(
@@ -203,6 +234,8 @@ def test_a_draft_tensor_parallel_size_the_target_does_not_allow_is_refused_by_vl
                                draft={"draft_tensor_parallel_size": allowed}) == {"pp": 1, "tp": 2}
 
 
+# the torch-only CPU platform of 0.34.0 refuses PP with speculation for now (tests/test_parallel.py)
+@pytest.mark.line("v0.32")
 def test_pipeline_parallel_on_a_llama_target_is_left_to_vllm(tmp_path: Path) -> None:
     """vLLM 0.32.0's V2 runner relays a Llama target's aux states across stages (PR 50514): not refused."""
     target, drafter = pair(tmp_path, 8)

@@ -38,7 +38,9 @@ _SCRIPT = textwrap.dedent("""
         llm = LLM(model=models + "/target", dtype="float32", max_model_len=256, enforce_eager=True,
                   kv_cache_memory_bytes=128 << 20, speculative_config={
                       "method": "eagle3", "model": f"{models}/drafter-{style}", "num_speculative_tokens": 2})
-        return llm, llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        # the V2 runner (vLLM 0.34.0) keeps its EAGLE-3 drafter as `speculator`, the V1 runner (0.32.0) as `drafter`
+        return llm, getattr(runner, "speculator", None) or runner.drafter
     for style in ("llama", "mla", "llama-nohead"):
         llm, prop = proposer(style)
         hidden = torch.randn(97, 256, generator=torch.Generator().manual_seed(0))
@@ -116,9 +118,11 @@ def _v2_speculator(monkeypatch: pytest.MonkeyPatch, drafter: torch.nn.Module):
     monkeypatch.setattr(EagleSpeculator, "load_draft_model", lambda self, target, names: drafter)
     speculator = object.__new__(EagleSpeculator)
     speculator.use_local_argmax_reduction = False
-    # what 0.32.0's load_model reads after the hook (the multimodal check, adaptive verification)
+    # what 0.32.0's and 0.34.0's load_model read around the hook (the multimodal check, adaptive verification,
+    # 0.34.0's draft logits cache)
     speculator.vllm_config = SimpleNamespace(model_config=SimpleNamespace(supports_multimodal_inputs=False))
     speculator.use_acceptance_estimator, speculator.acceptance_estimator = False, None
+    speculator.use_draft_logits = False
     speculator.load_model(torch.nn.Module())
     return speculator
 
@@ -148,8 +152,13 @@ def test_v2_runner_speculator_takes_the_hook(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_v2_runner_refuses_check_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """``check`` counts rows on the host at each call; inside V2's captured drafting loop it would count once."""
+    import vllm.envs
+
     monkeypatch.setenv("KIMI_DRAFT_GREEDY", "check")
-    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+    # the fix names the V1 runner: its switch up to vLLM 0.32, the v0.32 line since 0.34.0 removed it
+    fix = ("VLLM_USE_V2_MODEL_RUNNER=0" if "VLLM_USE_V2_MODEL_RUNNER" in vllm.envs.environment_variables
+           else "no V1 model runner .* v0.32 line")
+    with pytest.raises(ValueError, match=fix):
         _v2_speculator(monkeypatch, _Drafter())
     same_vocab = _Drafter()
     same_vocab.draft_id_to_target_id = None  # the hook does not apply: nothing to check, nothing refused

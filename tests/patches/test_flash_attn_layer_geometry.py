@@ -37,7 +37,10 @@ _SCRIPT = textwrap.dedent("""
               kv_cache_memory_bytes=128 << 20, speculative_config={
                   "method": "eagle3", "model": models + "/drafter-8heads", "num_speculative_tokens": 2})
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-    names = sorted(runner.drafter._draft_attn_layer_names)
+    # the drafter's attention layers: the V2 runner's speculator (vLLM 0.34.0), the V1 runner's drafter (0.32.0)
+    speculator = getattr(runner, "speculator", None)
+    names = sorted(speculator.draft_attn_layer_names if speculator is not None
+                   else runner.drafter._draft_attn_layer_names)
     specs = {}  # layer -> its spec (the CPU backend puts all layers in one group of per-layer specs)
     for group in runner.kv_cache_config.kv_cache_groups:
         per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)

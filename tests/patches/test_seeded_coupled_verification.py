@@ -22,7 +22,7 @@ import pytest
 
 from engine_script import run_engine_script
 
-pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
+pytestmark = [pytest.mark.install, pytest.mark.line("v0.32")]
 
 VOCAB = 48
 #: (temperature, top_k, top_p, seed) of the batch's requests: two seeded (one with top-k and top-p, the

@@ -16,7 +16,7 @@ import pytest
 
 #: A mainline patch for code 0.32.0 added: 0.26.0 has no Triton-override dispatcher
 #: (`register_triton_kernel_overrides` is None there).
-pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
+pytestmark = [pytest.mark.install, pytest.mark.line("v0.32")]
 
 _SCRIPT = textwrap.dedent("""
     import llvmlite.binding  # noqa: F401  (brings ffi.lib into sys.modules, as numba does)

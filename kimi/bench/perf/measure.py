@@ -15,7 +15,7 @@ from kimi.bench.perf import log
 from kimi.bench.results import write_lines
 from kimi.bench.timers import collect_timer, install_timer, step_times
 from kimi.bench.workers import JobReport, await_turn
-from kimi.e2e.engine import engine_info, spec_metrics
+from kimi.e2e.engine import engine_info, model_runner, spec_metrics
 
 
 def run(job: dict, spec: dict, report: JobReport) -> dict:
@@ -45,10 +45,10 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
 
     t0 = time.monotonic()
     llm = LLM(model=job["target"], speculative_config=job["spec"], disable_log_stats=False, **job["engine"])
-    v2 = bool(getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False))
     result.update({"vllm_version": vllm.__version__, "vllm_file": vllm.__file__,
                    "start_s": round(time.monotonic() - t0, 1), "engine": engine_info(llm), "device": device(),
-                   "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"), "runner": "v2" if v2 else "v1",
+                   "greedy_env": os.environ.get("KIMI_DRAFT_GREEDY"),
+                   "runner": model_runner(llm.llm_engine.vllm_config),
                    "cpus": sorted(os.sched_getaffinity(0)), "cpu_cores": machine_cores(),
                    "by_concurrency": {}})
     turn = Path(job["turn"]) if job.get("turn") else None

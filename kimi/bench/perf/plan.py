@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from kimi.bench.workers import kimi_path, worker_env
@@ -165,15 +166,17 @@ def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[in
 
 
 def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str | None = None) -> dict:
-    """The worker's environment for ``job``: its vLLM first on ``PYTHONPATH``, its runner and greedy-draft mode,
-    and a compile cache (``cache``: a folder name under ``scratch``; default one per vLLM, upstream / fork). The
-    engine always runs in the worker's process (the step timers patch it there). The job's own ``env`` (a dict,
-    optional) comes last."""
+    """The worker's environment for ``job``: its vLLM first on ``PYTHONPATH`` (the caller's own after it), its runner
+    and greedy-draft mode, and a compile cache (``cache``: a folder name under ``scratch``; default one per vLLM,
+    upstream / fork). The engine always runs in the worker's process (the step timers patch it there). The job's
+    own ``env`` (a dict, optional) comes last."""
     upstream = job["variant"].startswith("upstream")
     # upstream's pristine `vllm` shadows the fork's; its dependencies come from the installed site
     sites = (args.upstream_site, args.fork_site) if upstream else (args.fork_site,)
-    # a cold torch.compile of the pair costs ~60 s of a ~90 s engine start on the H200
-    env = worker_env([kimi_path(scratch), *sites],
+    # then the caller's own path: on the GPU host it names the folders the kit's `.pth` files add (the CuTe DSL's
+    # `cutlass`, which vLLM 0.34.0 imports at every CUDA engine's start); a cold torch.compile of the pair costs
+    # ~60 s of a ~90 s engine start on the H200
+    env = worker_env([kimi_path(scratch), *sites, os.environ.get("PYTHONPATH")],
                      scratch / (cache or ("vllm-cache-upstream" if upstream else "vllm-cache-fork")))
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["KIMI_DRAFT_GREEDY"] = "upstream" if upstream else (job.get("greedy") or args.fork_greedy)

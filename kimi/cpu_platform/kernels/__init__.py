@@ -20,6 +20,7 @@ from kimi.cpu_platform.kernels import (
     rejection,
     speculator,
     structured_outputs,
+    topk_topp,
 )
 
 OVERRIDES: dict[str, Callable[..., None]] = {
@@ -31,6 +32,7 @@ OVERRIDES: dict[str, Callable[..., None]] = {
     **speculator.OVERRIDES,
     **adaptive.OVERRIDES,
     **structured_outputs.OVERRIDES,
+    **topk_topp.OVERRIDES,
 }
 
 __all__ = ["OVERRIDES"]

@@ -1,11 +1,11 @@
-"""Adaptive verification for EAGLE-3 on the torch-only CPU platform (next line, patch 0025,
+"""Adaptive verification for EAGLE-3 on the torch-only CPU platform (mainline, patch 0025,
 ``kimi/spec/adaptive.py``): the config accepts it for eagle3 and refuses methods without draft confidences
 before any weights load; the cost curves profiled in eager steps drive upstream's budget to no drafts where
 verification costs more than the drafts bring, and to every draft where it is cheap; the budget goes to the
 most confident requests; upstream's online estimator calibrates over-confident drafts against observed
 acceptance on CPU; greedy output is the same with adaptive verification on and off.
 
-Run with ``python3 -m kimi test --line next``; elsewhere the ``line("next")`` marker skips it.
+Part of the mainline's suite (``python3 -m kimi test``); the ``line("mainline")`` marker skips it elsewhere.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from engine_script import run_engine_script
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "models" / "pair"
 
-pytestmark = pytest.mark.line("next")
+pytestmark = pytest.mark.line("mainline")
 
-if installed_line() == "next":
+if installed_line() == "mainline":
     import numpy as np
     import torch
 

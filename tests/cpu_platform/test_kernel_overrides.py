@@ -28,8 +28,8 @@ import pytest
 
 from conftest import installed_line
 
-pytestmark = pytest.mark.line("next")
-NEXT_INSTALLED = installed_line() == "next"
+pytestmark = pytest.mark.line("mainline")
+NEXT_INSTALLED = installed_line() == "mainline"
 
 if NEXT_INSTALLED:
     # Triton picks the interpreter when a kernel is decorated: set before vLLM's kernels import.
@@ -804,3 +804,85 @@ def test_grammar_bitmask_forbids_exactly_the_unset_bits(vocab, logits_width):
         BLOCK_SIZE=8192)
     assert torch.equal(logits, expected)
     assert torch.isinf(logits[[0, 2, 3, 5]]).any() and not torch.isinf(logits[[1, 4, 6]]).any()  # rows of no mask
+
+
+# ---------------------------------------------------------------------------------------------
+# topk_topp_triton.py (vllm/v1/sample/ops)
+
+_TOPK_TOPP = "vllm.v1.sample.ops.topk_topp_triton._topk_topp_kernel"
+
+
+def test_topk_topp_kernel_still_fails_in_the_interpreter():
+    """Why the override below is compared with a reference rather than with Triton: upstream's kernel stops in the
+    interpreter (its loop index is a Python int there). Once it runs there, compare the two as the other kernels are."""
+    from vllm.v1.sample.ops import topk_topp_triton as up_topk_topp
+
+    logits = torch.randn(2, 300)
+    with dispatcher_off(_TOPK_TOPP, up_topk_topp, "_topk_topp_kernel"), \
+            pytest.raises(Exception, match="'int' object has no attribute 'to'"):
+        up_topk_topp.apply_top_k_top_p_triton(logits, torch.tensor([5, 300]), torch.tensor([0.9, 1.0]))
+
+
+@contextmanager
+def dispatcher_off(name, module, attr):
+    """Upstream's kernel in ``module.attr`` and in the launcher that holds it, for the ``with`` block."""
+    kernel = upstream_kernel(name)
+    holders = [value for value in vars(module).values() if getattr(value, "kernel", None) is not None]  # launchers
+    saved = getattr(module, attr), [(holder, holder.kernel) for holder in holders]
+    setattr(module, attr, kernel)
+    for holder in holders:
+        holder.kernel = kernel
+        holder.__dict__.pop("_kernel_arg_names", None)
+    try:
+        yield
+    finally:
+        setattr(module, attr, saved[0])
+        for holder, value in saved[1]:
+            holder.kernel = value
+            holder.__dict__.pop("_kernel_arg_names", None)
+
+
+def _reference_topk_topp(logits, k, p):
+    """Row by row: keep the logits at or above the k-th largest (ties kept), then the fewest largest of those whose
+    probability sum reaches p (at least one); the others become -inf."""
+    out = logits.clone()
+    for row in range(logits.shape[0]):
+        values = logits[row].clone()
+        if k is not None and int(k[row]) < values.numel():
+            kth = values.sort(descending=True).values[int(k[row]) - 1]
+            values[values < kth] = float("-inf")
+        if p is not None:
+            ordered, order = values.sort()
+            cumulative = ordered.softmax(-1).cumsum(-1)
+            drop = cumulative <= 1 - float(p[row])
+            drop[-1] = False
+            values[order[drop]] = float("-inf")
+        out[row] = values
+    return out
+
+
+@pytest.mark.parametrize("with_k, with_p", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batch, vocab", [(1, 300), (5, 1000), (9, 4096)])
+def test_topk_topp_masks_as_upstreams_torch_path(batch, vocab, with_k, with_p):
+    """Through vLLM's own launcher (``apply_top_k_top_p_triton``, launch options included) with the platform's
+    override: rows without top-k (k = vocab) or top-p (p = 1), ties at the k-th value, a strided logits view."""
+    from vllm.v1.sample.ops import topk_topp_triton as up_topk_topp
+
+    gen = torch.Generator().manual_seed(batch * vocab)
+    wide = torch.randn(batch, vocab + 7, generator=gen) * 3
+    wide[:, :vocab] = wide[:, :vocab].round(decimals=1)  # ties
+    logits = wide[:, :vocab]
+    k = torch.randint(1, 40, (batch,), generator=gen)
+    k[0] = vocab
+    p = torch.rand(batch, generator=gen) * 0.9 + 0.05
+    p[-1] = 1.0
+    k, p = (k if with_k else None), (p if with_p else None)
+    expected = _reference_topk_topp(logits, k, p)
+    override = dispatcher.KernelOverride(upstream_kernel(_TOPK_TOPP), OVERRIDES[_TOPK_TOPP])
+    with dispatcher_off(_TOPK_TOPP, up_topk_topp, "_topk_topp_kernel"):
+        for holder in [v for v in vars(up_topk_topp).values() if getattr(v, "kernel", None) is not None]:
+            holder.kernel = override
+            holder.__dict__.pop("_kernel_arg_names", None)
+        got = up_topk_topp.apply_top_k_top_p_triton(logits, k, p)
+    assert torch.equal(got, expected)
+    assert torch.isfinite(got).sum(-1).min() >= 1
