@@ -57,7 +57,11 @@ class HostCopy:
         if not self.full:
             return None
         if self.event is not None:
-            self.event.synchronize()
+            from vllm.utils.gpu_sync_debug import gpu_sync_allowed
+
+            # the copy of a step ago, as record_confidences waits for its own copy of a step ago
+            with gpu_sync_allowed():
+                self.event.synchronize()
         self.full = False
         return self.host.numpy().copy(), self.extra
 
