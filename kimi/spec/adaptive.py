@@ -131,7 +131,8 @@ def profile_eager_costs(runner: Any) -> None:
     (capped by the model length, as upstream's profiling is); the draft curve is the drafter's time per
     request count, the verification curve the target forward's per token count (medians, made dense by
     :func:`dense_curve`).  The acceptance
-    estimator's statistics, which the dummy steps fed, are dropped afterwards.
+    estimator's statistics, which the dummy steps fed, are dropped afterwards, and so is what the collapse
+    watch (:mod:`kimi.spec.watch`) saw during warm-up.
     """
     manager = runner.adaptive_verification
     if manager is None:
@@ -156,3 +157,8 @@ def profile_eager_costs(runner: Any) -> None:
     estimator = getattr(runner.speculator, "acceptance_estimator", None)
     if estimator is not None:
         estimator.warmup()
+    from kimi.spec.watch import RUNNER_ATTR
+
+    watch = getattr(runner, RUNNER_ATTR, None)
+    if watch is not None:
+        watch.reset()
