@@ -101,6 +101,7 @@ from kimi.bench.perf.plan import (
     inputs,
     plan,
     turn_errors,
+    v1_runner_removed,
 )
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.results import stamp, write_json, write_lines
@@ -224,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
     if bad:
         cli.error("; ".join(bad) + " (the same folder for both with --cpu-smoke is allowed)")
+    if v1_runner_removed(args.fork_site) and (args.v1_ks or args.check):
+        log(f"the fork's vLLM in {args.fork_site} has no V1 runner (removed in vLLM 0.34.0): "
+            "no fork_v1 or check engines")
+        args.v1_ks, args.check = [], False
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
     try:

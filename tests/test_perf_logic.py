@@ -17,7 +17,7 @@ from kimi.bench.perf import analysis, orchestrate
 from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
 from kimi.bench.perf.measure import busy_threads, measure, merge_round, turn_concurrency
 from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
-from kimi.bench.perf.plan import plan, variant_env
+from kimi.bench.perf.plan import V1_RUNNER_FILE, plan, v1_runner_removed, variant_env
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.timers import step_times
 from kimi.bench.workers import WorkerProcess, await_turn
@@ -310,6 +310,27 @@ def test_plan_order_and_the_runner_variants(tmp_path: Path, monkeypatch: pytest.
     args.engines = ["pair/fork_k9"]
     with pytest.raises(SystemExit, match=r"pair/fork_k9"):
         plan(args, [[1, 2]], None)
+
+
+def test_v1_runner_removed_tells_0_34_sites_from_older_and_editable_ones(tmp_path: Path) -> None:
+    old, new, editable = tmp_path / "old", tmp_path / "new", tmp_path / "editable"
+    (old / V1_RUNNER_FILE).parent.mkdir(parents=True)
+    (old / V1_RUNNER_FILE).write_text("")
+    (new / "vllm" / "v1" / "worker").mkdir(parents=True)  # 0.34.0: the V2 runner's folder, V1's file gone
+    editable.mkdir()
+    assert v1_runner_removed(new)
+    assert not v1_runner_removed(old) and not v1_runner_removed(editable) and not v1_runner_removed(None)
+
+
+def test_perf_vs_upstream_drops_the_v1_engines_on_a_fork_without_v1(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "vllm" / "v1" / "worker").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_vs_upstream.py"), "--fork-site", str(site),
+                          "--upstream-site", str(site), "--cpu-smoke", "--out", str(tmp_path / "out"),
+                          "--scratch", str(tmp_path / "scratch"), "--engines", "pair/nonexistent"],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "has no V1 runner" in out.stdout + out.stderr, out.stdout + out.stderr
 
 
 def test_slice_plan_puts_the_projection_baseline_before_optional_engines(tmp_path: Path) -> None:

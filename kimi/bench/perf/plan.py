@@ -142,6 +142,19 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
     return jobs
 
 
+#: A file of vLLM's Model Runner V1 that 0.34.0 deleted with the runner (its V1 engines refuse to start there).
+V1_RUNNER_FILE = Path("vllm/v1/worker/gpu_model_runner.py")
+
+
+def v1_runner_removed(site: Path | str | None) -> bool:
+    """True where ``site`` holds a ``vllm`` package without Model Runner V1 (vLLM >= 0.34.0), so that the engines held
+    on V1 (``--v1-ks``, the check engine) cannot run; False where it has V1 or holds no ``vllm`` folder (an editable
+    install: nothing to tell from the site)."""
+    if site is None or not (Path(site) / "vllm" / "v1").is_dir():
+        return False
+    return not (Path(site) / V1_RUNNER_FILE).is_file()
+
+
 def model_jobs(args: argparse.Namespace, common: dict, drafter: str, ks: list[int]) -> list[dict]:
     """One model's engines: ``nospec``, then per k ``upstream_k{k}``, ``fork_k{k}`` (``fork_v1_k{k}``,
     ``fork_v2_k{k}``); after k = 3 ``hookoff_k3`` (with ``--hook-off``: the fork with ``KIMI_DRAFT_GREEDY=upstream``,
