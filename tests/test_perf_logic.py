@@ -20,7 +20,7 @@ from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
 from kimi.bench.perf.plan import V1_RUNNER_FILE, plan, v1_runner_removed, variant_env
 from kimi.bench.perf.render import write_outputs
 from kimi.bench.timers import step_times
-from kimi.bench.workers import WorkerProcess, await_turn
+from kimi.bench.workers import WorkerProcess, await_turn, give_turn
 from kimi.models import kimi_slice
 from pngs import assert_png, require_matplotlib
 
@@ -350,7 +350,8 @@ def test_await_turn_reads_the_order_of_its_round(tmp_path: Path) -> None:
     import threading
 
     turn = tmp_path / "pair-fork_k3"
-    thread = threading.Timer(0.3, lambda: turn.with_suffix(".go1").write_text("last"))
+    # the orchestrator writes the turn file atomically (a plain write_text could be read while still empty)
+    thread = threading.Timer(0.3, lambda: give_turn(turn, 1, "last"))
     thread.start()
     assert await_turn(turn, 1, timeout_s=30) == "last"
     thread.join()
