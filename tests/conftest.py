@@ -190,7 +190,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     An ``install`` test belongs to the lines named by its ``line(NAME, ...)`` marker, else to the default
     line.  Under `kimi test --line NAME` (KIMI_TEST_INSTALLED=1, KIMI_TEST_LINE=NAME) a missing or
-    other install of that line's tests is a failure, not a skip.
+    other install of that line's tests is a failure, not a skip.  Files marked ``long_file`` go first.
     """
     required = os.environ.get("KIMI_TEST_LINE", DEFAULT_LINE) if os.environ.get("KIMI_TEST_INSTALLED") == "1" \
         else None
@@ -209,6 +209,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
         if "build" in item.keywords and not build_ok:
             item.add_marker(no_build)
+    long_files_first(items)
+
+
+def long_files_first(items: list[pytest.Item]) -> None:
+    """Put the items of files marked ``long_file`` first, each file's order kept (a stable sort): pytest-xdist's
+    ``--dist loadfile`` hands files to its workers in this order, so a file of minutes taken up last would run on
+    one worker while the others stand idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long_file") is None)
 
 
 @pytest.fixture

@@ -163,3 +163,25 @@ def test_the_suite_runs_on_one_worker_per_cpu_unless_told(monkeypatch) -> None:
     assert devenv.test_workers([], []) == devenv.MAX_TEST_WORKERS
     monkeypatch.setattr(devenv.os, "sched_getaffinity", lambda _pid: {0})
     assert devenv.test_workers([], []) == 0
+
+
+def test_files_marked_long_are_handed_out_first_in_their_own_order() -> None:
+    """xdist's loadfile hands files out in collection order: the long ones first, the rest as collected."""
+    import pytest
+
+    from conftest import long_files_first
+
+    class Item:
+        def __init__(self, name: str, long: bool) -> None:
+            self.name, self.long = name, long
+
+        def get_closest_marker(self, marker: str):
+            return pytest.mark.long_file if marker == "long_file" and self.long else None
+
+    items = [Item("a::1", False), Item("b::1", True), Item("a::2", False), Item("c::1", True), Item("b::2", True)]
+    long_files_first(items)
+    assert [i.name for i in items] == ["b::1", "c::1", "b::2", "a::1", "a::2"]
+
+    ini = (Path(__file__).resolve().parents[1] / "pytest.ini").read_text()
+    assert "long_file:" in ini  # declared, so --strict-markers and -m long_file know it
+

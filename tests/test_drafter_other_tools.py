@@ -14,6 +14,8 @@ import pytest
 from drafters import speculators_drafter, toplevel_drafter
 from kimi.errors import KimiError
 
+pytestmark = pytest.mark.long_file
+
 pytest.importorskip("safetensors")
 pytest.importorskip("torch")
 from kimi.drafter.convert import convert  # noqa: E402 (needs safetensors)

@@ -25,7 +25,7 @@ import pytest
 from conftest import installed_line
 from engine_script import make_reference_models, run_engine_script
 
-pytestmark = pytest.mark.install
+pytestmark = [pytest.mark.install, pytest.mark.long_file]
 
 _CHECK = """
 import json, sys

@@ -17,7 +17,7 @@ from engine_script import make_reference_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = [pytest.mark.install, pytest.mark.line("mainline")]
+pytestmark = [pytest.mark.install, pytest.mark.line("mainline"), pytest.mark.long_file]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from engine_script import run_engine_script
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "models" / "pair"
 
-pytestmark = pytest.mark.line("mainline")
+pytestmark = [pytest.mark.line("mainline"), pytest.mark.long_file]
 
 if installed_line() == "mainline":
     import torch
