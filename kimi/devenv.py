@@ -37,10 +37,10 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
+from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import load_pin
 from kimi.fork.sync import sync
-from kimi.hooks.precompiled_fork_build import kernels_mode
 from kimi.log import say
 
 PYTEST_NO_TESTS = 5
@@ -177,7 +177,7 @@ def _install_key(layout: Layout, mode: str) -> str:
 
 
 def line_kernels(layout: Layout, line: str, kernels: str = "auto") -> str:
-    """The kernels mode ``kernels`` (``auto``, or a mode of ``kimi.hooks.precompiled_fork_build``) comes to for
+    """The kernels mode ``kernels`` (``auto``, or a mode of :mod:`kimi.fork.kernels_mode`) comes to for
     ``line``, whose pin says whether a CPU wheel can lend kernels.
 
     Raises:
