@@ -3,7 +3,7 @@ pipeline-parallel layouts on vLLM's CPU backend (gloo between the worker process
 on one rank without speculation.
 
 A layout's run either serves the prompts (greedy tokens, spec-decode counters, start-up seconds) or is refused
-before anything loads (the fork's pre-load check, ``kimi/hooks/eagle3_drafter_checks.py``, keeps the message).
+before anything loads (the fork's pre-load check, ``kimi/drafter/serve_checks.py``, keeps the message).
 vLLM 0.32.0 cannot serve EAGLE-3 with pipeline parallelism on these targets; the fork serves it on CPU (patch
 ``0022-eagle3-pipeline-parallel``) and refuses it on GPUs. Needs the fork's venv (vLLM, torch).
 

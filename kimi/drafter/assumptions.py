@@ -5,7 +5,7 @@ Each entry names what upstream reads (the field or tensor, the file and function
 does when a checkpoint breaks it (:data:`OUTCOMES`), a way to break it in a copy of a good drafter folder
 (``lie``: edits ``config.json`` or ``model.safetensors`` in place), and the words ``kimi drafter inspect`` must
 say about that copy (``needle``; empty for a valid variant, which inspect must pass). ``refused`` says whether
-``vllm serve`` on the fork stops at start-up (:mod:`kimi.hooks.eagle3_drafter_checks`, before any weight
+``vllm serve`` on the fork stops at start-up (:mod:`kimi.drafter.serve_checks`, before any weight
 loads) or serves it (translated ids, a ``t2d`` vLLM never reads, a valid variant).
 :func:`assumption_table` runs inspect on every lying copy; ``docs/drafter-assumptions.md`` is the prose form.
 
@@ -710,7 +710,7 @@ def assumption_table(drafter: Path, target: Path) -> list[dict]:
     Raises:
         KimiError: unreadable folders, or a drafter the lies cannot be written into (see :func:`make_copy`).
     """
-    from kimi.hooks.eagle3_drafter_checks import SERVE_BLOCKING
+    from kimi.drafter.serve_checks import SERVE_BLOCKING
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="kimi-assumptions-") as tmp:

@@ -147,7 +147,7 @@ def _raw_quantization(model_config: Any) -> dict:
 
 def _deepseek_text(model_config: Any) -> Any | None:
     """The text config of a DeepSeek-V2/V3-family decoder (``DeepseekV2Model``), else None."""
-    from kimi.hooks.eagle3_drafter_checks import DEEPSEEK_DECODERS
+    from kimi.drafter.serve_checks import DEEPSEEK_DECODERS
 
     text = model_config.hf_text_config
     return text if str(getattr(text, "model_type", "")) in DEEPSEEK_DECODERS else None
