@@ -77,7 +77,7 @@ def prompts(tokenizer) -> dict[str, str]:
     """The prompts of the checks (text around placeholders, from held-out code): ``short`` (about 80 tokens with
     its image, a hit inside the image), ``long`` (about 160, a hit after it), ``at_chunk`` (the image starts at
     position 32, a chunk boundary of :data:`CHUNKED`), ``two`` (two images) and ``text`` (no image)."""
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     code = code_prompts(4)
     return {"short": f"# an image: {MEDIA_TOKEN}\ndef describe(image):\n",

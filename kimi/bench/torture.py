@@ -322,7 +322,7 @@ class PromptPool:
     """Token-id prompts of any length, cut from one stream of held-out code tokens (distinct for distinct ``i``).
 
     Args:
-        stream: token ids (the held-out code of :func:`kimi.e2e.prompts.code_prompt_ids`, joined).
+        stream: token ids (the held-out code of :func:`kimi.models.prompts.code_prompt_ids`, joined).
     """
 
     def __init__(self, stream: list[int]) -> None:

@@ -81,7 +81,7 @@ def inputs(args: argparse.Namespace) -> tuple[list[list[int]] | None, dict[str, 
     """
     pair_prompts = slice_dirs = None
     if "pair" in args.models:
-        from kimi.e2e.prompts import code_prompt_ids
+        from kimi.models.prompts import code_prompt_ids
 
         if not (args.pair / "MANIFEST.json").is_file():
             raise KimiError(f"no trained pair in {args.pair} (python3 -m kimi models train-pair)")
