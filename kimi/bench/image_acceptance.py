@@ -97,8 +97,7 @@ def measure(mode: str, wrapper: str, drafter: str, texts: list[str], device: str
     """
     from vllm import LLM, SamplingParams
 
-    from kimi.bench.multimodal import close_engine
-    from kimi.e2e.engine import spec_metrics, spec_metrics_since
+    from kimi.e2e.engine import close_engine, spec_metrics, spec_metrics_since
     from kimi.train.acceptance import summarize
 
     if mode not in MODES or device not in ENGINES:

@@ -18,11 +18,10 @@ their results (:func:`write_results`); ``tests/test_multimodal_drafter.py`` asse
 
 from __future__ import annotations
 
-import gc
 from functools import partial
 
 from kimi.bench.results import header, write_json, write_lines
-from kimi.e2e.engine import model_runner
+from kimi.e2e.engine import close_engine, model_runner
 from kimi.e2e.presets import CPU_EAGER, GPU_E2E
 from kimi.models.kimi_k25 import MEDIA_TOKEN
 
@@ -111,17 +110,6 @@ def settings(device: str, chunked: bool = False, eager: bool = False) -> dict:
         raise ValueError(f"device must be cpu or gpu, not {device!r}")
     base = ENGINE if device == "cpu" else {**GPU_ENGINE, **({"enforce_eager": True} if eager else {})}
     return {**base, **(CHUNK if chunked else {})}
-
-
-def close_engine(llm) -> None:
-    """Shut the in-process engine down and free what it held, so that the next engine of the process starts
-    clean (on a GPU: its memory and vLLM's distributed state)."""
-    from vllm.distributed import cleanup_dist_env_and_memory
-
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    cleanup_dist_env_and_memory()
 
 
 def drafter_inputs(target: str, drafter: str, chunked: bool = False, device: str = "cpu") -> dict:
