@@ -56,7 +56,7 @@ from kimi.fork.fsutil import read_json_object, sha256_file, staged_folder, write
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series, read_patch, write_patch
-from kimi.fork.pin import Artifact, Pin, load_pin
+from kimi.fork.pin import Artifact, Pin, line_pin
 from kimi.fork.state import SyncState
 from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step
 from kimi.fork.tree import extract_sdist
@@ -465,7 +465,7 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
             in a dry run) a conflict - the report names it.
     """
     if not _VERSION.match(version):
-        raise KimiError(f"--to {version!r}: give a release version such as 0.33.0")
+        raise KimiError(f"--to {version!r}: give a release version X.Y.Z")
     with exclusive(layout.private):
         state = SyncState.load(layout.state_file)
         if state is None or state.failed or not layout.work.is_dir():
@@ -475,7 +475,7 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         load_series(layout.patches_dir(state.line))  # every header readable before anything starts
         if (_dir(layout) / "state.json").is_file():
             raise KimiError("a rebase is in progress: `kimi rebase --continue` or `kimi rebase --abort`")
-        pin = load_pin(layout.line_dir(state.line) / "pin.json")
+        pin = line_pin(layout, state.line)
         if version == pin.version:
             raise KimiError(f"the {state.line} line is already at vllm {version}")
         new_pin = _new_pin(pin, version, from_dir)

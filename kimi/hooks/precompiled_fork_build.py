@@ -39,7 +39,7 @@ from pathlib import Path
 from kimi.fork.artifacts import obtain
 from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import DEFAULT_LINE, Layout
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.state import SyncState
 
 
@@ -68,7 +68,7 @@ def configure_build(root: Path) -> None:
     """
     layout = Layout.of(root)
     state = SyncState.load(layout.state_file)
-    pin = load_pin(layout.line_dir(state.line if state else DEFAULT_LINE) / "pin.json")
+    pin = line_pin(layout, state.line if state else DEFAULT_LINE)
     mode = kernels_mode(pin=pin)
     if mode in ("source", "torch"):
         if mode == "torch":

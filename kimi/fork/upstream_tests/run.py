@@ -25,7 +25,7 @@ from kimi.fork.artifacts import obtain
 from kimi.fork.fsutil import write_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.patches import load_series
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.probe import pytest_counts
 from kimi.fork.revert import reverted
 from kimi.fork.state import SyncState
@@ -46,7 +46,7 @@ def unpack_tests(layout: Layout, line: str, from_dir: Path | None = None) -> Pat
     Raises:
         KimiError: the pinned sdist cannot be obtained (cache, ``from_dir``, package index).
     """
-    pin = load_pin(layout.line_dir(line) / "pin.json")
+    pin = line_pin(layout, line)
     artifact = pin.artifacts["sdist"]
     dest = report_dir(layout) / pin.version
     stamp = dest / ".sdist-sha256"
@@ -124,7 +124,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     if state is None or state.failed:
         raise KimiError("upstream's tests run on a fully synced and installed line: `kimi sync`, then `kimi setup`")
     series = load_series(layout.patches_dir(state.line))
-    version = load_pin(layout.line_dir(state.line) / "pin.json").version
+    version = line_pin(layout, state.line).version
     where = unpack_tests(layout, state.line, from_dir)
     touched = touched_modules(series)
     selected = select_tests(where, touched, only)
