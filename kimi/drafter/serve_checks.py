@@ -36,6 +36,7 @@ from kimi.drafter.checkpoint import Checkpoint, read_config
 from kimi.drafter.conventions import LAYER_OUTPUT
 from kimi.drafter.inspect import Report, Target, architectures_findings, detect_format, inspect_checkpoint
 from kimi.errors import KimiError
+from kimi.fork.release import upstream_release
 
 
 class DrafterConfigError(ValueError):
@@ -47,7 +48,8 @@ class DrafterConfigError(ValueError):
 SERVE_BLOCKING = ("config", "architectures", "ids", "conflict", "shape", "vocab", "rope", "weights")
 
 #: ``model_type`` of the targets whose decoder is vLLM's ``DeepseekV2Model`` (DeepSeek-V2/V3/R1/V3.2, Kimi-K2, and
-#: the text model of Kimi-K2.5), which in vLLM 0.32.0 does not pass aux states from one pipeline stage to the next.
+#: the text model of Kimi-K2.5), which in the v0.32 line's vLLM does not pass aux states from one pipeline stage to the
+#: next.
 DEEPSEEK_DECODERS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 
 
@@ -183,7 +185,7 @@ def prepare_eagle3_drafter(spec_config: Any) -> tuple[int, ...]:
 
 def deepseek_relays_aux_states() -> bool:
     """Whether the installed vLLM's ``DeepseekV2Model`` joins the V2 runner's relay of aux states between pipeline
-    stages (``EagleModelMixin.supports_aux_hidden_states_over_pp``: vLLM 0.34.0 with patch 0022; Llama and Qwen2
+    stages (``EagleModelMixin.supports_aux_hidden_states_over_pp``: the mainline's vLLM with patch 0022; Llama and Qwen2
     upstream): then both runners' checks pass and EAGLE-3 at ``pipeline_parallel_size > 1`` is served anywhere."""
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
 
@@ -191,8 +193,8 @@ def deepseek_relays_aux_states() -> bool:
 
 
 def check_lm_head_quantization(spec_config: Any, report: Report) -> None:
-    """Refuse ``draft_lm_head_quantization`` (vLLM 0.34.0) for a drafter whose own ``lm_head`` covers a draft
-    vocabulary other than the target's, before anything loads.
+    """Refuse ``draft_lm_head_quantization`` (an option since the mainline's vLLM) for a drafter whose own ``lm_head``
+    covers a draft vocabulary other than the target's, before anything loads.
 
     The option quantizes a copy of the target's ``lm_head`` and installs it on a drafter that shares the target's
     head; vLLM decides sharing only after both models' weights are loaded (``share_target_lm_head``,
@@ -219,8 +221,8 @@ def check_pipeline_parallel(spec_config: Any) -> None:
     (:data:`DEEPSEEK_DECODERS`) where the fork has not made it work, before anything loads: everywhere but vLLM's
     CPU backend.
 
-    Upstream 0.32.0 fails there in both model runners, and only after the target's weights are loaded: the V2 runner
-    (the default on CUDA) raises "DeepseekV3ForCausalLM does not support eagle3 with pipeline parallelism"
+    Upstream (the v0.32 line's vLLM) fails there in both model runners, and only after the target's weights are loaded:
+    the V2 runner (the default on CUDA) raises "DeepseekV3ForCausalLM does not support eagle3 with pipeline parallelism"
     (``verify_supports_aux_hidden_states_over_pp``, ``vllm/v1/worker/gpu/model_runner.py``: ``DeepseekV2Model`` does
     not relay the aux states of earlier stages, vllm#45985), and the V1 runner (every CPU engine) builds the drafter
     on the last stage only and dies on the others with "'CPUModelRunner' object has no attribute 'drafter'"
@@ -244,9 +246,9 @@ def check_pipeline_parallel(spec_config: Any) -> None:
     tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
     raise DrafterConfigError(
         f"EAGLE-3 with pipeline_parallel_size={stages} on the {model_type} target {target_config.model}: vLLM "
-        "0.32.0 cannot serve it on GPUs and would fail only after loading the target's weights (its DeepSeek "
-        "decoder does not pass the aux states of earlier pipeline stages to the drafter, vllm#45985, and the V1 "
-        "model runner has no drafter on the earlier stages, vllm#30436; the fork serves it on CPU only, patch "
+        f"{upstream_release()} cannot serve it on GPUs and would fail only after loading the target's weights (its "
+        "DeepSeek decoder does not pass the aux states of earlier pipeline stages to the drafter, vllm#45985, and the "
+        "V1 model runner has no drafter on the earlier stages, vllm#30436; the fork serves it on CPU only, patch "
         f"0022). Fix: serve with --pipeline-parallel-size 1 and spread the model with tensor parallelism instead "
         f"(--tensor-parallel-size {tp * stages} over the same GPUs, across nodes if need be), or leave out "
         "--speculative-config."

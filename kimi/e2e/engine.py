@@ -141,7 +141,8 @@ def close_engine(llm) -> None:
 
 def model_runner(config) -> str:
     """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` serves with. vLLM 0.26 - 0.32 choose by
-    ``use_v2_model_runner``; 0.34.0 removed Model Runner V1 and the attribute with it (always ``"v2"``)."""
+    ``use_v2_model_runner``; the mainline's release removed Model Runner V1 and the attribute with it (always
+    ``"v2"``)."""
     return "v2" if getattr(config, "use_v2_model_runner", True) else "v1"
 
 

@@ -32,6 +32,8 @@ from collections.abc import Callable
 
 import torch
 
+from kimi.fork.release import upstream_release
+
 MODE_ENV = "KIMI_DRAFT_GREEDY"
 MODES = ("auto", "torch", "upstream", "check")
 
@@ -95,13 +97,13 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
 
 
 def _v1_runner_fix() -> str:
-    """How to get vLLM's V1 model runner, where check mode runs: an environment variable up to vLLM 0.32, the v0.32
-    line of the fork since 0.34.0 removed that runner."""
+    """How to get vLLM's V1 model runner, where check mode runs: an environment variable where this vLLM has one,
+    else the fork's v0.32 line (later releases removed that runner)."""
     import vllm.envs
 
     if "VLLM_USE_V2_MODEL_RUNNER" in vllm.envs.environment_variables:
         return "set VLLM_USE_V2_MODEL_RUNNER=0"
-    return (f"this vLLM has no V1 model runner (0.34.0 removed it); run check mode on the fork's v0.32 line, "
+    return (f"this vLLM ({upstream_release()}) has no V1 model runner; run check mode on the fork's v0.32 line, "
             f"or set {MODE_ENV}=auto")
 
 

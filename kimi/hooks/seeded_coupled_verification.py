@@ -35,7 +35,7 @@ Greedy and unseeded requests, requests without draft tokens this step (the plain
 batches with draft probabilities or synthetic acceptance are left to the ratio test. A request whose sample this step
 is discarded (a partial prefill, patch 0011) has no draft tokens. The hook's own draws leave the global random
 generators as they were (:func:`_global_rng_kept`), so unseeded requests get vLLM's tokens beside coupled ones.
-``KIMI_SEEDED_VERIFICATION=upstream`` turns the coupling off (the ratio test for every request, as vLLM 0.32.0
+``KIMI_SEEDED_VERIFICATION=upstream`` turns the coupling off (the ratio test for every request, as upstream vLLM
 does); a value it does not know fails when the rejection sampler is built
 (:func:`kimi.spec.seeded_mode.check_mode`).
 

@@ -5,23 +5,23 @@ network unless each is given as a local folder through its ``*_SRC_DIR`` environ
 (``CMakeLists.txt``: ``VLLM_CUTLASS_SRC_DIR``; ``cmake/external_projects/*.cmake``: the others).
 :func:`external_sources` reads the laid tree for those variables and the repository and revision
 each would clone, and says which local folders are there, complete and at which revision. Every
-fact comes from the laid tree, so the same code serves each release: 0.26.0 has eight sources
-(CUTLASS v4.4.2), 0.32.0 ten (DeepSelect and FlashKDA added; CUTLASS v4.7.1).
+fact comes from the laid tree, so the same code serves each release: the v0.26 line's has eight
+sources (CUTLASS v4.4.2), the v0.32 line's ten (DeepSelect and FlashKDA added; CUTLASS v4.7.1).
 
 Complete means holding what :func:`required_files` lists: the entries of :data:`REQUIRED` that
 every release needs (a submodule's headers, a file tools/build_deepgemm_C.py reads, ...) plus what
 the source's CMake file of the laid tree names itself: the code files it compiles, reads or depends on
 (``${<name>_SOURCE_DIR}/...``, through ``set()`` aliases such as ``FMHA_SM100_PY_ROOT``), the folders it
-installs, and its ``GIT_SUBMODULES`` (DeepGEMM's ``third-party/fmt`` in 0.26.0, ``third-party/deep_jit``
-in 0.32.0), each a folder that must not be empty.
+installs, and its ``GIT_SUBMODULES`` (DeepGEMM's ``third-party/fmt`` on the v0.26 line,
+``third-party/deep_jit`` on the v0.32 line), each a folder that must not be empty.
 
 :func:`prepare` fills ``.kimi/sources/<name>`` offline or from the package index:
 
 * CUTLASS from the ``nvidia-cutlass`` wheel: it holds CUTLASS's ``include/``, ``tools/util/include``,
   ``examples/`` and the ``cutlass_library`` Python package (machete's generator imports it from
   ``${CUTLASS_DIR}/python``), but not CUTLASS's top-level ``CMakeLists.txt``, and the index has only
-  4.2.0 (vLLM 0.26.0 pins v4.4.2, 0.32.0 v4.7.1). Where the pinned vLLM wheel's MSA copy carries newer
-  CUTLASS headers (4.3.4 in 0.26.0's wheel, 4.8.0 in 0.32.0's), those replace ``include/`` and
+  4.2.0 (the v0.26 line's vLLM pins v4.4.2, the v0.32 line's v4.7.1). Where the pinned vLLM wheel's MSA copy carries
+  newer CUTLASS headers (4.3.4 in the v0.26 line's wheel, 4.8.0 in the v0.32 line's), those replace ``include/`` and
   ``tools/util/include``. The revision against the pin is recorded and reported.
 * fmha_sm100 (MSA), tml-fa4 and triton_kernels from the pinned vLLM CUDA wheel: upstream's CMake
   only copies their Python files and headers into the wheel (``install()`` rules of
@@ -31,7 +31,7 @@ in 0.32.0), each a folder that must not be empty.
   unpacked trees or archives (``DIR/<repository name>-<revision>.tar.gz`` / ``.zip``, as a forge's
   archive download names them), and the two wheels above.
 
-FlashMLA, flash-attention, DeepGEMM, QuTLASS and (0.32.0) DeepSelect and FlashKDA compile C++/CUDA
+FlashMLA, flash-attention, DeepGEMM, QuTLASS and (from the v0.32 line) DeepSelect and FlashKDA compile C++/CUDA
 sources that no package on the index carries (the vLLM wheel holds only their built libraries and, for
 DeepGEMM, its Python files and JIT headers); they must come from ``--from DIR`` with their git
 submodules (FlashMLA's and flash-attention's ``csrc/cutlass``, DeepGEMM's ``third-party/*``,
@@ -81,7 +81,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                            "python/fmha_sm100/cutlass/include", "python/fmha_sm100/cutlass/tools/util/include"),
     "TML_FA4_SRC_DIR": ("flash_attn/cute/interface.py",),
     "TRITON_KERNELS_SRC_DIR": ("__init__.py", "matmul_ogs.py"),  # the triton_kernels package folder itself
-    # 0.32.0 on
+    # from the v0.32 line on
     "DEEPSELECT_SRC_DIR": ("csrc/api.cpp", "csrc/3rdparty/cutlass/include/cutlass/cutlass.h",
                            "csrc/3rdparty/kerutils/include"),
     "FLASH_KDA_SRC_DIR": ("csrc/flash_kda.cpp", "cutlass/include/cutlass/cutlass.h", "cutlass/examples/common",
@@ -282,7 +282,7 @@ def external_sources(root: Path, sources_dir: Path | None = None) -> list[Extern
         repos = [_resolve(r, sets) for r in re.findall(r"GIT_REPOSITORY\s+\"?([^\"\s)]+)", text)]
         tags = [_resolve(t, sets) for t in re.findall(r"GIT_TAG\s+\"?([^\"\s)]+)", text)]
         if not tags and not repos:
-            # fetched as a source archive (0.34.0's triton_kernels): set(X_TAG ...) and set(X_GIT ...); the last
+            # fetched as a source archive (the mainline's triton_kernels): set(X_TAG ...) and set(X_GIT ...); the last
             # set() of each wins, as in _SET_RE's dict: the CUDA branch follows the ROCm one
             tags = [v for k, v in sets.items() if k.endswith("_TAG")]
             repos = [v for k, v in sets.items() if k.endswith("_GIT") and v.startswith("https://github.com/")]
@@ -366,7 +366,7 @@ def cutlass_version(include: Path) -> str | None:
     return ".".join(m.group(1) for m in parts) if all(parts) else None  # type: ignore[union-attr]
 
 
-VLLM_WHEEL_CUTLASS = "vllm/third_party/fmha_sm100/cutlass/"  # CUTLASS 4.3.4 in 0.26.0's wheel, 4.8.0 in 0.32.0's
+VLLM_WHEEL_CUTLASS = "vllm/third_party/fmha_sm100/cutlass/"  # CUTLASS 4.3.4 (v0.26 line's wheel), 4.8.0 (v0.32's)
 
 
 def cutlass_from_wheel(wheel: Path, dest: Path, vllm_wheel: Path | None = None) -> str:
@@ -376,11 +376,11 @@ def cutlass_from_wheel(wheel: Path, dest: Path, vllm_wheel: Path | None = None) 
     provenance file. Returns the CUTLASS version of ``include/`` (``version.h``).
 
     With ``vllm_wheel`` (the pinned vLLM CUDA wheel) whose MSA copy carries newer CUTLASS headers
-    (``vllm/third_party/fmha_sm100/cutlass/include`` and ``tools/util/include``: 4.3.4 in 0.26.0, nearer
-    the pinned v4.4.2 than the index's 4.2.0; 4.8.0 in 0.32.0, which pins v4.7.1), those replace
+    (``vllm/third_party/fmha_sm100/cutlass/include`` and ``tools/util/include``: 4.3.4 on the v0.26 line, nearer
+    the pinned v4.4.2 than the index's 4.2.0; 4.8.0 on the v0.32 line, which pins v4.7.1), those replace
     ``include/`` and ``tools/util/include``; ``examples/`` and ``cutlass_library`` stay the
     nvidia-cutlass wheel's (recorded in the provenance).
-    Measured: vLLM 0.26.0's ``scaled_mm_blockwise_sm100_fp8.cu`` needs
+    Measured: the v0.26 line's ``scaled_mm_blockwise_sm100_fp8.cu`` needs
     ``cutlass::epilogue::BlockwiseNoSmemWarpSpecialized1Sm``, which 4.2.0 lacks and 4.3.4 has.
 
     Raises KimiError when the wheel holds no ``cutlass_library/source/include/cutlass/cutlass.h``.

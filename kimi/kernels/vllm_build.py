@@ -13,8 +13,8 @@ network, and builds one of three subsets:
 * ``sm100``: the sm_100-only group of ``_C_stable_libtorch``, read from the laid tree's
   ``CMakeLists.txt`` (lists ``SCALED_MM_SM100_SRCS``, ``CUTLASS_MOE_SM100_SRCS``, ``FP4_SM100_SRCS``,
   ``CUTLASS_MLA_SRCS``: scaled_mm sm100 fp8 and blockwise fp8, grouped MoE sm100, NVFP4/MXFP4 with the
-  NVFP4 KV-cache kernels, CUTLASS MLA sm100; 13 units in 0.26.0 under ``csrc/libtorch_stable/``, 14 in
-  0.32.0 under ``csrc/``, which adds ``nvfp4_ds_mla_cache_kernels.cu``), built as Ninja object targets;
+  NVFP4 KV-cache kernels, CUTLASS MLA sm100; 13 units on the v0.26 line under ``csrc/libtorch_stable/``,
+  14 on the v0.32 line under ``csrc/``, which adds ``nvfp4_ds_mla_cache_kernels.cu``), built as Ninja object targets;
 * ``all``: everything upstream's CMake builds (``cmake --build``), optionally installed into the tree.
 
 Every source must exist for CMake to configure at all, even for one object. For ``fork`` and
@@ -25,7 +25,7 @@ empty targets for flash-attention); those units are never built, and ``all`` ref
 Two more configure-only accommodations, each printed as a note and refused by ``all``:
 
 * *compiler waivers*: a ``GCC >= X`` check of ``CMakeLists.txt`` that the host ``c++`` fails and whose
-  message names only external sources (0.32.0: ``GCC >= 13 ... DeepGEMM and DeepSelect ... <format>``)
+  message names only external sources (the v0.32 line: ``GCC >= 13 ... DeepGEMM and DeepSelect ... <format>``)
   does not concern ``fork``/``sm100``, which compile none of them; configure includes
   ``BUILD/kimi-waivers.cmake`` (``CMAKE_PROJECT_<project>_INCLUDE``), which turns exactly that
   ``FATAL_ERROR`` into a warning. A check about vLLM itself (``GCC >= 11.3``) stays a problem.
@@ -57,7 +57,7 @@ from kimi.kernels import sources as srcs
 
 SUBSETS = ("fork", "sm100", "all")
 PER_JOB_GB = 11.0
-# CMakeLists.txt lists whose units compile for sm_100 only (the 10.0f/10.0a branches; 0.26.0 and 0.32.0).
+# CMakeLists.txt lists whose units compile for sm_100 only (the 10.0f/10.0a branches; the v0.26 and v0.32 lines).
 SM100_LISTS = ("SCALED_MM_SM100_SRCS", "CUTLASS_MOE_SM100_SRCS", "FP4_SM100_SRCS", "CUTLASS_MLA_SRCS")
 STANDIN_MARK = ".kimi-standin"
 WAIVERS_FILE = "kimi-waivers.cmake"
@@ -242,7 +242,7 @@ def _candidates(name: str, python: str | None) -> list[str]:
 
 
 def cmake_minimum(root: Path) -> str:
-    """``cmake_minimum_required(VERSION x.y)`` of the tree's CMakeLists.txt (``3.26`` for 0.26.0)."""
+    """``cmake_minimum_required(VERSION x.y)`` of the tree's CMakeLists.txt (``3.26`` on the v0.26 line)."""
     match = re.search(r"cmake_minimum_required\(\s*VERSION\s+([\d.]+)", (root / "CMakeLists.txt").read_text())
     return match.group(1) if match else "3.26"
 
@@ -266,8 +266,8 @@ _GCC_CHECK_RE = re.compile(
 
 
 def compiler_checks(root: Path) -> list[CompilerCheck]:
-    """The GCC version checks of the tree's ``CMakeLists.txt`` (0.26.0: ``>= 11.3``; 0.32.0 adds
-    ``>= 13`` for CUDA, for DeepGEMM's and DeepSelect's host code)."""
+    """The GCC version checks of the tree's ``CMakeLists.txt`` (the v0.26 line: ``>= 11.3``; the v0.32 line
+    adds ``>= 13`` for CUDA, for DeepGEMM's and DeepSelect's host code)."""
     text = (root / "CMakeLists.txt").read_text(errors="replace")
     return [CompilerCheck(m.group(2), "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(3))))
             for m in _GCC_CHECK_RE.finditer(text)]
@@ -315,7 +315,7 @@ endfunction()
 
 
 def pinned_torch(root: Path, line: str | None = None) -> str | None:
-    """The torch version the line's ``pin.json`` pins (``2.13.0`` for the 0.32.0 mainline), or None."""
+    """The torch version the line's ``pin.json`` pins (``torch`` of ``kimi/lines/<line>/pin.json``), or None."""
     from kimi.fork.layout import DEFAULT_LINE
 
     try:

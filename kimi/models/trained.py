@@ -39,8 +39,8 @@ from kimi.models.tokenizer import (
 )
 
 #: (qk_nope, qk_rope, v) head dims that vLLM's FLASH_ATTN MLA prefill takes on CUDA (``supports_mla_dimensions``
-#: in ``vllm/v1/attention/backends/mla/prefill/flash_attn.py``, the same set in 0.26.0 and 0.32.0); a target outside
-#: them runs on CPU, but no GPU engine starts ("No valid MLA prefill backend found").
+#: in ``vllm/v1/attention/backends/mla/prefill/flash_attn.py``, the same set in the v0.26 and v0.32 lines' releases); a
+#: target outside them runs on CPU, but no GPU engine starts ("No valid MLA prefill backend found").
 GPU_MLA_PREFILL_HEAD_DIMS = frozenset({(128, 64, 128), (192, 64, 256), (64, 64, 128)})
 
 #: Dimensions of the trained target (the shipped pair's, ``models/pair/target``): 6 layers 192 wide, 2 MLA heads

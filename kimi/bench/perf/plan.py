@@ -174,7 +174,7 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     # upstream's pristine `vllm` shadows the fork's; its dependencies come from the installed site
     sites = (args.upstream_site, args.fork_site) if upstream else (args.fork_site,)
     # then the caller's own path: on the GPU host it names the folders the kit's `.pth` files add (the CuTe DSL's
-    # `cutlass`, which vLLM 0.34.0 imports at every CUDA engine's start); a cold torch.compile of the pair costs
+    # `cutlass`, which the mainline's vLLM imports at every CUDA engine's start); a cold torch.compile of the pair costs
     # ~60 s of a ~90 s engine start on the H200
     env = worker_env([kimi_path(scratch), *sites, os.environ.get("PYTHONPATH")],
                      scratch / (cache or ("vllm-cache-upstream" if upstream else "vllm-cache-fork")))
