@@ -64,7 +64,7 @@ MAX_CHUNK_MIB = 60
 HOST_TORCH = "2.11.0"    # torch on the GPU host (2.11.0+cu130)
 BLOCK = 8 * MiB
 
-# The torch releases tried on the host (/work/shared/gpu/README.md; 2.14.0 on the H100 on 2026-12-05:
+# The torch releases tried on the host (/work/shared/gpu/README.md; 2.14.0 on the H100:
 # benchmarks/results/gpu_e2e-0.34.0.md) and what had to travel with them. The versions are read from the
 # torch wheel's own Requires-Dist; this table names the companions (a torch not listed gets triton and the
 # NCCL wheel, with a warning) and cross-checks the versions the wheel pins exactly (2.14 asks triton~=3.8.0).

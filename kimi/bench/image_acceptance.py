@@ -1,4 +1,4 @@
-"""τ on image prompts with the target's image rows passed to the EAGLE-3 drafter, against the placeholder's (issue 18).
+"""τ on image prompts with the target's image rows passed to the EAGLE-3 drafter, against the placeholder's.
 
 The target is ``pair-k25`` (:mod:`kimi.models.pair_k25`: the shipped pair's target with a trained vision tower
 that memorised images of held-in code lines), the drafter ``models/pair/drafter`` (k = 3). The prompts are the

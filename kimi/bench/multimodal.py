@@ -1,4 +1,4 @@
-"""Kimi-K2.5 image requests with EAGLE-3 (issue 18): what the drafter reads at image positions, and lossless output.
+"""Kimi-K2.5 image requests with EAGLE-3: what the drafter reads at image positions, and lossless output.
 
 Two checks over the reference Kimi-K2.5 wrapper (``kimi models make``: ``kimi-k25/``, a random vision tower,
 placeholder ``<|media_pad|>`` = id 2) and each drafter style (``drafter-llama``, ``drafter-mla``):
@@ -252,7 +252,7 @@ def write_results(out_dir, result: dict) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "multimodal.json", result)
-    lines = _checks_lines(result) if "lossless" in result else ["# Kimi-K2.5 image requests with EAGLE-3 (issue 18)"]
+    lines = _checks_lines(result) if "lossless" in result else ["# Kimi-K2.5 image requests with EAGLE-3"]
     if "image_acceptance" in result:
         from kimi.bench.image_acceptance import markdown
 
@@ -264,7 +264,7 @@ def write_results(out_dir, result: dict) -> None:
 
 
 def _checks_lines(result: dict) -> list[str]:
-    lines = [*header("Kimi-K2.5 image requests with EAGLE-3 (issue 18)", result["command"], result["date"]),
+    lines = [*header("Kimi-K2.5 image requests with EAGLE-3", result["command"], result["date"]),
              f"- device: {result['device']}", f"- vLLM: {result['vllm']}",
              f"- drafter_sees_target_embeddings: {result['drafter_sees_target_embeddings']}", "",
              "## Lossless (greedy with EAGLE-3 = without)", "",

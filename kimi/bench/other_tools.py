@@ -1,4 +1,4 @@
-"""Drafters made by other tools (issue 17 part 4): our drafter written by speculators and in SpecForge's layout,
+"""Drafters made by other tools: our drafter written by speculators and in SpecForge's layout,
 inspected, converted and served, against our own drafter's run.
 
 Same weights give the same drafts, so each checkpoint served directly and its ``kimi drafter convert`` copy must

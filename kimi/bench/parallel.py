@@ -1,4 +1,4 @@
-"""The runs of ``benchmarks/parallel.py`` (issue K): EAGLE-3 on DeepSeek-V3 targets across tensor- and
+"""The runs of ``benchmarks/parallel.py``: EAGLE-3 on DeepSeek-V3 targets across tensor- and
 pipeline-parallel layouts on vLLM's CPU backend (gloo between the worker processes), each against the same target
 on one rank without speculation.
 
@@ -7,7 +7,7 @@ before anything loads (the fork's pre-load check, ``kimi/drafter/serve_checks.py
 The v0.32 line's vLLM cannot serve EAGLE-3 with pipeline parallelism on these targets; the fork serves it on CPU (patch
 ``0022-eagle3-pipeline-parallel``) and refuses it on GPUs. Needs the fork's venv (vLLM, torch).
 
-With ``backend="ray"`` (issue 19) the multi-worker layouts go through vLLM's Ray executor
+With ``backend="ray"`` the multi-worker layouts go through vLLM's Ray executor
 (``distributed_executor_backend="ray"``) on a local Ray cluster (:func:`local_ray`, ``pip install ray``), each
 against the same target on one rank; the v0.32 line's vLLM refuses Ray on its CPU backend (:data:`RAY_ON_CPU`), the fork
 serves it (patch ``0021-cpu-ray-executor``).

@@ -1,4 +1,4 @@
-"""EAGLE-3 on quantized targets (issue 22): the library of ``benchmarks/quantized.py``.
+"""EAGLE-3 on quantized targets: the library of ``benchmarks/quantized.py``.
 
 The shipped pair widened to 128-multiple widths (``kimi.models.widen``: the same function, so that block-FP8 takes
 the published 128 x 128 blocks; the shipped pair's widths allow 16, which no vLLM kernel takes), its drafter trained
@@ -308,7 +308,7 @@ def _parting(parts: dict | None) -> str:
 def markdown(result: dict) -> list[str]:
     """``quantized.md``: the settings, one table row per (variant, concurrency), the engines that failed."""
     s = result["settings"]
-    lines = [*header("EAGLE-3 on quantized targets (issue 22)", result["command"], result["date"]),
+    lines = [*header("EAGLE-3 on quantized targets", result["command"], result["date"]),
              *([f"- merged over {len(result['commands'])} calls: " + "; ".join(f"`{c}`" for c in result["commands"])]
                if len(result.get("commands") or []) > 1 else []),
              f"- hardware: {result['device']}",

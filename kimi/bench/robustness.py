@@ -1,4 +1,4 @@
-"""The torture run of ``benchmarks/robustness.py`` (issue 17): ``vllm serve`` with EAGLE-3 through the engine's hard
+"""The torture run of ``benchmarks/robustness.py``: ``vllm serve`` with EAGLE-3 through the engine's hard
 paths, compared request by request with the same server without speculation, and vLLM's own load tool.
 
 Per drafter style three servers run one after the other with the settings of :func:`server_args`: ``spec``

@@ -1,5 +1,5 @@
 """``benchmarks/soak.py``'s library: resident memory of a ``vllm serve`` process tree under rounds of kept and
-aborted streams (issue 44), and the verdict on its curve.
+aborted streams, and the verdict on its curve.
 
 One round is ``kept`` streaming completions read to the end and ``aborted`` streaming completions whose HTTP
 response is closed after ``abort_after`` chunks, all at once, through the official ``openai`` client

@@ -1,4 +1,4 @@
-"""The requests of the torture run (issue 17): each scenario as calls of the official ``openai`` client against a
+"""The requests of the torture run: each scenario as calls of the official ``openai`` client against a
 ``vllm serve``, and what came back, so that the same calls on a server without speculation can be compared.
 
 A :class:`Call` is one ``client.completions.create(...)`` or ``client.chat.completions.create(...)``; :func:`send`

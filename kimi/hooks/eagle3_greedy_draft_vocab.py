@@ -16,7 +16,7 @@ keep upstream's full-vocabulary logits. ``KIMI_DRAFT_GREEDY`` picks the path: ``
 on CUDA when built, else torch), ``torch``, ``upstream`` (the hook is off), or ``check``: upstream's ids are
 used and the hook's are compared with them at every draft step (:class:`GreedyCheck`; V1 runner only).
 
-On by default since the H200 checks of 2026-11-30 (trained pair, bf16, CUDA graphs, k = 3, 64 requests): 39882
+On by default since the H200 checks (trained pair, bf16, CUDA graphs, k = 3, 64 requests): 39882
 draft rows compared, 0 mismatched (``benchmarks/results/logs/perf-run1``); later 228366 more on the pair and
 46080 on the Kimi slice, 0 mismatched (``benchmarks/results/logs/pair-0.26.0/perf_vs_upstream.md``). An earlier H200 run
 (``benchmarks/results/gpu_e2e-draft-greedy-*.md``) had seen EAGLE-3 output with the hook differ from the

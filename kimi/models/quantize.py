@@ -1,4 +1,4 @@
-"""Quantized reference targets (issue 22): a bf16 DeepSeek-V3-architecture target rewritten in the two layouts our
+"""Quantized reference targets: a bf16 DeepSeek-V3-architecture target rewritten in the two layouts our
 users' checkpoints ship, so that EAGLE-3 can be tried on what is actually served.
 
 ``fp8-block``, as DeepSeek-V3/R1 and Kimi-K2 write it: every linear weight of the decoder layers except the MoE

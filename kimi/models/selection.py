@@ -27,7 +27,7 @@ SELECTION_TOKENS = 64
 
 @dataclass(frozen=True)
 class QualityBar:
-    """What a checkpoint's greedy completions must clear to be kept (issue O's gates, with a margin)."""
+    """What a checkpoint's greedy completions must clear to be kept (the reference pair's gates, with a margin)."""
 
     max_loop_share: float = 0.125
     min_distinct_2: float = 0.55

@@ -147,7 +147,7 @@ def write_results(run: Run) -> dict:
     run.out.mkdir(parents=True, exist_ok=True)
     write_json(run.out / "gpu_e2e.json", summary)
     details = summary["device_details"]
-    lines = [*header("GPU end to end (issue C)", summary["command"], summary["date"]),
+    lines = [*header("GPU end to end", summary["command"], summary["date"]),
              f"- hardware: {summary['device']}, torch {details.get('torch')}, CUDA {details.get('cuda')}",
              f"- vLLM: {summary['vllm_version']}",
              (f"- CUDA graphs on in every run: {summary['cuda_graphs']}; {len(run.prompts)} prompts x "

@@ -33,7 +33,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     held = [h for h in HELD_RUNNERS if any(r.get(f"fork_{h}_tok_s") for r in summary["rows"])]
     hookoff = any(r.get("fork_hookoff_tok_s") for r in summary["rows"])
     settings, versions = summary["settings"], summary["versions"]
-    lines = [*header("Fork versus upstream vLLM on one GPU (issue G)", summary["command"], summary["date"]),
+    lines = [*header("Fork versus upstream vLLM on one GPU", summary["command"], summary["date"]),
              f"- hardware: {summary['device']}",
              (f"- vLLM: fork {versions.get('fork')}, upstream {versions.get('upstream')}; "
               f"fork greedy drafts: KIMI_DRAFT_GREEDY={settings['fork_greedy']}"),
