@@ -29,6 +29,7 @@ from kimi.errors import KimiError
 from kimi.kernels import build as fork_build
 from kimi.kernels import build_plan as bp
 from kimi.kernels import cmake_tree as ct
+from kimi.kernels import fill_sources
 from kimi.kernels import sources as srcs
 from kimi.kernels import toolchain as tcm
 from kimi.kernels import vllm_build as vb
@@ -834,7 +835,7 @@ def test_prepare_from_local_wheels(tmp_path):
         "vllm/_C_stable_libtorch.abi3.so": ""}
     wheel = _zip(from_dir / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", vllm_files)
     _pin(root, wheel)
-    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
+    done = {d.variable: d for d in fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
     assert done["VLLM_CUTLASS_SRC_DIR"].action == "from nvidia-cutlass"
     assert "CUTLASS 4.2.0 headers (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
     assert done["FLASH_MLA_SRC_DIR"].action == "missing" and "FlashMLA" in done["FLASH_MLA_SRC_DIR"].detail
@@ -856,7 +857,7 @@ def test_prepare_from_local_wheels(tmp_path):
     _zip(wheel, {"vllm/other.py": ""})
     (tmp_path / "cache" / wheel.name).unlink()
     with pytest.raises(KimiError, match="sha256 mismatch"):
-        srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)
+        fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)
     # a vLLM wheel whose MSA copy has newer CUTLASS headers: they replace include/ and tools/util/include
     copy = "vllm/third_party/fmha_sm100/cutlass/"
     wheel = _zip(wheel, {**vllm_files,
@@ -865,7 +866,7 @@ def test_prepare_from_local_wheels(tmp_path):
         f"{copy}include/cutlass/cutlass.h": "// 4.3.4", f"{copy}include/cute/tensor.hpp": "",
         f"{copy}tools/util/include/cutlass/util/packed_stride.hpp": "// 4.3.4"})
     _pin(root, wheel)
-    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)}
+    done = {d.variable: d for d in fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)}
     assert "CUTLASS 4.3.4 headers (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
     tree = sources / "vllm_cutlass"
     assert (tree / "include" / "cutlass" / "cutlass.h").read_text() == "// 4.3.4"
@@ -893,7 +894,7 @@ def test_prepare_from_a_checkout_and_an_archive_checks_revisions(tmp_path):
     tree = fill(tmp_path / "fa" / f"flash-attention-{FA_SHA}", "VLLM_FLASH_ATTN_SRC_DIR")
     with tarfile.open(from_dir / f"flash-attention-{FA_SHA}.tar.gz", "w:gz") as tar:
         tar.add(tree, arcname=tree.name)
-    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
+    done = {d.variable: d for d in fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
     assert done["FLASH_MLA_SRC_DIR"].action == "linked" and done["VLLM_FLASH_ATTN_SRC_DIR"].action == "unpacked"
     found = {s.variable: s for s in srcs.external_sources(root)}
     assert found["FLASH_MLA_SRC_DIR"].present and found["FLASH_MLA_SRC_DIR"].revision_ok is True
@@ -911,7 +912,7 @@ def test_unpack_refuses_unsafe_paths(tmp_path):
     archive = tmp_path / "FlashMLA-abc.zip"
     _zip(archive, {"FlashMLA-abc/ok.txt": "", "../evil.txt": ""})
     with pytest.raises(KimiError):
-        srcs.unpack_archive(archive, tmp_path / "out")
+        fill_sources.unpack_archive(archive, tmp_path / "out")
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "out").exists()
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w:gz") as tar:
@@ -919,7 +920,7 @@ def test_unpack_refuses_unsafe_paths(tmp_path):
         tar.addfile(info, io.BytesIO(b""))
     (tmp_path / "x-1.tar.gz").write_bytes(data.getvalue())
     with pytest.raises(KimiError, match="unsafe"):
-        srcs.unpack_archive(tmp_path / "x-1.tar.gz", tmp_path / "out2")
+        fill_sources.unpack_archive(tmp_path / "x-1.tar.gz", tmp_path / "out2")
     assert not (tmp_path / "evil.txt").exists()
 
 
