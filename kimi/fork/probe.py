@@ -16,7 +16,7 @@ Each run also records the tests with the patch in place (``with_patch``): a test
 says nothing about absorption.  The report is ``.kimi/rebase/probe.json`` and ``probe.md``; it carries the last
 ``kimi upstream-tests`` comparison of the line on the same release (upstream's tests, pristine against patched).
 Each candidate, with its reason, also goes into the report of the rebase onto the release probed
-(:func:`kimi.fork.rebase.add_probe_candidates`).
+(:func:`kimi.fork.rebase_report.add_probe_candidates`).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | 
     Raises:
         KimiError: a name matches no patch; a patch's hunks are not in the laid tree (sync first).
     """
-    from kimi.fork.rebase import add_probe_candidates
+    from kimi.fork.rebase_report import add_probe_candidates
     from kimi.fork.state import SyncState
 
     state = SyncState.load(layout.state_file)

@@ -118,7 +118,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     Raises:
         KimiError: the line is not synced, or the laid tree has edits not refreshed; no upstream test matches.
     """
-    from kimi.fork import probe, rebase
+    from kimi.fork import probe, rebase_report
 
     state = SyncState.load(layout.state_file)
     if state is None or state.failed:
@@ -149,7 +149,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     outcomes = {"pristine": pristine, "patched": patched}
     summary = write_report(layout, state.line, version, selected, touched,
                            {"pristine": pristine_runs, "patched": patched_runs}, outcomes, compare(pristine, patched))
-    for name, owner in (("rebase", rebase), ("probe", probe)):
+    for name, owner in (("rebase", rebase_report), ("probe", probe)):
         if owner.add_upstream_tests(layout, state.line, summary):
             say(f"added to the {name} report in {layout.private / 'rebase'}")
     return summary
