@@ -58,7 +58,7 @@ def render(layout: Layout) -> str:
     served = _lines([layout.root / f for f in runtime])
     summary = (f"The installed package `kimi/`: {len(files)} modules, about {_thousands(total)} lines; the runtime "
                f"part that `kimi install-into` copies: {len(runtime)} files, about {_thousands(served)} lines. Not "
-               "installed: `benchmarks/` (scripts and results), `tests/`, `docs/`, `models/`.")
+               "installed: `benchmarks/` (scripts, `runs/` of past runs, `results/`), `tests/`, `docs/`, `models/`.")
     out += ["", summary, "", END]
     return "\n".join(out)
 
