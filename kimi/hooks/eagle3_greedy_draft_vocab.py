@@ -103,8 +103,8 @@ def _v1_runner_fix() -> str:
 
     if "VLLM_USE_V2_MODEL_RUNNER" in vllm.envs.environment_variables:
         return "set VLLM_USE_V2_MODEL_RUNNER=0"
-    return (f"this vLLM ({upstream_release()}) has no V1 model runner; run check mode on the fork's v0.32 line, "
-            f"or set {MODE_ENV}=auto")
+    return (f"this vLLM has no V1 model runner (none in {upstream_release()}); run check mode on the fork's v0.32 "
+            f"line, or set {MODE_ENV}=auto")
 
 
 class GreedyCheck:
