@@ -1,9 +1,9 @@
 """The upstream vLLM release that the fork's messages name when they say what vLLM itself does.
 
-No module writes a release number: it is the installed ``vllm``'s (where the fork is installed or served), else
-the release of the line laid in this checkout (``.kimi/state.json``), else the default line's
-(``kimi/lines/<line>/pin.json``). Standard library only; ``kimi install-into`` copies it with the modules that
-name it.
+Messages take the release from here, never from a literal: it is the installed ``vllm``'s (where the fork is
+installed or served), else the release of the line laid in this checkout (``.kimi/state.json``), else the default
+line's (``kimi/lines/<line>/pin.json``). Standard library only; ``kimi install-into`` copies it with the modules
+that name it.
 """
 
 from __future__ import annotations
