@@ -18,7 +18,7 @@ On a GPU host with the fork installed into an existing vLLM (``kimi install-into
 3. The same drafter with every aux layer id shifted by one (up, or down where the top id is the target's last
    layer: :func:`kimi.train.export.shifted_ids`) is served at ``-k`` (``tau_shifted_ids``): a drafter fed the
    wrong layers must lose acceptance - the guard that the wiring is right.
-4. The completions of the ``-k`` run are judged (:mod:`kimi.bench.quality`): ``loop_share`` (the second half
+4. The completions of the ``-k`` run are judged (:mod:`kimi.models.quality`): ``loop_share`` (the second half
    repeats one n-gram to the end) and corpus-level ``distinct_2``; ``heldout_loss`` is the target's, from its
    MANIFEST. ``gates`` checks them, tau and the guard's gap against :data:`kimi.bench.acceptance.GATES`.
 
@@ -38,14 +38,14 @@ import time
 from pathlib import Path
 
 from kimi.bench.acceptance import chart, device_name, folder_mb, gates, load_pair, markdown
-from kimi.bench.quality import MIN_TAIL, distinct_n, loop_share
 from kimi.bench.results import stamp, utc_now, write_json
 from kimi.drafter.conventions import IDS_FIELD
 from kimi.e2e.engine import tokenize
-from kimi.e2e.prompts import code_prompts
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompts
+from kimi.models.quality import MIN_TAIL, distinct_n, loop_share
 from kimi.train.acceptance import served_acceptance
 from kimi.train.engine import engine_settings, on_cuda
 from kimi.train.export import shifted_ids, with_ids

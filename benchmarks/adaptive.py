@@ -50,7 +50,7 @@ def main() -> int:
     from kimi.bench.hardware import cpu_name
     from kimi.bench.results import header, stamp, write_json, write_lines
     from kimi.e2e.engine import tokenize
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
     vocab_size = json.loads((Path(target) / "config.json").read_text())["vocab_size"]

@@ -29,7 +29,7 @@ from kimi.bench.cpu_e2e import run_k25_lossless, run_lossless, run_parity, run_s
 from kimi.bench.hardware import cpu_name
 from kimi.bench.results import stamp
 from kimi.e2e.engine import CPU_ENGINE, tokenize
-from kimi.e2e.prompts import code_prompts
+from kimi.models.prompts import code_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -87,7 +87,7 @@ def main() -> int:
         parser.error("--path names must differ")
     from kimi.bench.cpu_paths import run_child, summarize
     from kimi.e2e.engine import tokenize
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
     prompt_ids = tokenize(target, code_prompts(args.prompts))

@@ -43,9 +43,9 @@ from kimi.bench.gpu_e2e.plan import apply_profiles, ensure_models, prompt_max_le
 from kimi.bench.results import stamp
 from kimi.bench.workers import serve_jobs
 from kimi.e2e.presets import GPU_E2E, GPU_E2E_CPU_SMOKE
-from kimi.e2e.prompts import code_prompt_ids
 from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 

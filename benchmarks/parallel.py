@@ -44,8 +44,8 @@ from kimi.bench.hardware import cpu_name
 from kimi.bench.parallel import boundary_drafter, executor, failure, local_ray, model_rows, ray_cpus, reference_drafters
 from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.e2e.engine import tokenize
-from kimi.e2e.prompts import code_prompts
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Under the header when there are Ray rows.

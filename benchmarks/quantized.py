@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
     args.fork_greedy = "auto"  # kimi.bench.perf.plan.variant_env: the fork as it runs by default
-    from kimi.e2e.prompts import code_prompt_ids
+    from kimi.models.prompts import code_prompt_ids
     from kimi.models.widen import widen_pair
 
     args.wide = args.scratch / "pair-wide"

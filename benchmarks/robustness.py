@@ -36,9 +36,9 @@ from kimi.bench.results import header, stamp, write_json, write_lines
 from kimi.bench.robustness import BENCH_TOKENS, SERVER_ENV, K, run_style
 from kimi.bench.torture import REQUEST_BOUND_S, PromptPool
 from kimi.drafter.assumptions import assumption_table
-from kimi.e2e.prompts import code_prompt_ids
 from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.devenv import ensure_env, line_kernels
-from kimi.e2e.prompts import code_prompts
 from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
 from kimi.log import sayer
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompts
 from kimi.models.shipped import check_pair
 
 #: CPU-friendly serving settings: a 1 GiB KV cache (the CPU backend would otherwise reserve most of the

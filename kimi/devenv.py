@@ -37,10 +37,10 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
+from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import DEFAULT_LINE, Layout
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.sync import sync
-from kimi.hooks.precompiled_fork_build import kernels_mode
 from kimi.log import say
 
 PYTEST_NO_TESTS = 5
@@ -177,13 +177,13 @@ def _install_key(layout: Layout, mode: str) -> str:
 
 
 def line_kernels(layout: Layout, line: str, kernels: str = "auto") -> str:
-    """The kernels mode ``kernels`` (``auto``, or a mode of ``kimi.hooks.precompiled_fork_build``) comes to for
+    """The kernels mode ``kernels`` (``auto``, or a mode of :mod:`kimi.fork.kernels_mode`) comes to for
     ``line``, whose pin says whether a CPU wheel can lend kernels.
 
     Raises:
         KimiError: the line has no pin, or ``kernels`` is not a mode.
     """
-    return kernels_mode(kernels, load_pin(layout.line_dir(line) / "pin.json"))
+    return kernels_mode(kernels, line_pin(layout, line))
 
 
 def marker_text(key: str) -> str:
@@ -218,7 +218,7 @@ def _ensure_env_at(layout: Layout, line: str, venv: Path | None, kernels: str, f
     """``ensure_env`` in the checkout ``line_layout`` chose."""
     venv = (venv or layout.root / ".venv").resolve()
     sync(layout, line, from_dir=from_dir)
-    pin = load_pin(layout.line_dir(line) / "pin.json")
+    pin = line_pin(layout, line)
     mode = line_kernels(layout, line, kernels)
     marker = venv / ".kimi-install"
     key = _install_key(layout, mode)

@@ -64,7 +64,7 @@ MAX_CHUNK_MIB = 60
 HOST_TORCH = "2.11.0"    # torch on the GPU host (2.11.0+cu130)
 BLOCK = 8 * MiB
 
-# The torch releases tried on the host (/work/shared/gpu/README.md; 2.14.0 on the H100 on 2026-12-05:
+# The torch releases tried on the host (/work/shared/gpu/README.md; 2.14.0 on the H100:
 # benchmarks/results/gpu_e2e-0.34.0.md) and what had to travel with them. The versions are read from the
 # torch wheel's own Requires-Dist; this table names the companions (a torch not listed gets triton and the
 # NCCL wheel, with a warning) and cross-checks the versions the wheel pins exactly (2.14 asks triton~=3.8.0).
@@ -84,7 +84,7 @@ HOST_VERSIONS = {
 }
 # What host packages (at HOST_VERSIONS) require of packages a kit may carry (read from their wheels' metadata).
 # A carried version outside it breaks that host package: transformers 5.17.0 checks at import that
-# huggingface-hub is <2.0, and vLLM 0.34.0 wants >=2.0.0, so transformers travels too (host_broken).
+# huggingface-hub is <2.0, and the mainline's vLLM wants >=2.0.0, so transformers travels too (host_broken).
 HOST_REQUIRES = {"transformers": {"huggingface-hub": "<2.0,>=1.5.0", "tokenizers": "<0.24.0,>=0.23.1"}}
 # The CUDA libraries torch pins exactly: a miss is reported, never carried on its own (cuDNN is ~700 MB;
 # torch 2.13 ran on the host with its cuDNN 9.19 for everything but cudnn convolutions).
@@ -601,8 +601,8 @@ def kit_line(lines: Path, line: str | None = None, version: str | None = None) -
     (``kimi/lines/<line>``) at its pin's version, or else the line whose pin names ``version`` (the mainline
     first; the mainline, with no sha256, when none does), or else the mainline's pin.
 
-    The line decides which series ``kimi install-into`` puts on the host's vLLM, so a 0.32.0 kit installs the
-    ``v0.32`` line, not the mainline's 0.34.0 patches.
+    The line decides which series ``kimi install-into`` puts on the host's vLLM, so a kit of the v0.32 line's release
+    installs the ``v0.32`` line, not the mainline's patches.
 
     Raises:
         KitError: no such line, or ``version`` is not the named line's.
@@ -634,7 +634,8 @@ def kit_line(lines: Path, line: str | None = None, version: str | None = None) -
 
 def line_requires(lines: Path, line: str) -> list[str]:
     """The requirements ``kimi/lines/<line>/gpu-kit.txt`` adds to the line's GPU kit (one a line, ``#`` comments;
-    none without the file): what the release needs that the shared resolver leaves out (0.34.0: the CuTe DSL, QuACK)."""
+    none without the file): what the release needs that the shared resolver leaves out (the mainline's: the CuTe DSL,
+    QuACK)."""
     path = lines / line / "gpu-kit.txt"
     if not path.is_file():
         return []
@@ -644,7 +645,7 @@ def line_requires(lines: Path, line: str) -> list[str]:
 def kit_torch(cuda_wheel: Path, requested: str | None = None) -> str:
     """The torch a GPU kit carries: the one the release's CUDA wheel requires (``torch==X``).
 
-    A line's ``pin.json`` names the torch of its CPU path (the mainline's says 2.13.0 while vLLM 0.34.0's CUDA
+    A line's ``pin.json`` names the torch of its CPU path (the mainline's says 2.13.0 while its release's CUDA
     wheel requires 2.14.0), so it never decides a GPU kit's torch. ``requested`` (``KIMI_KIT_TORCH``) must agree
     with the wheel, and names the torch when the wheel pins none.
 
@@ -696,7 +697,7 @@ def host_pins(wheels: list[Path], host_packages: set[str], skip: set[str]) -> li
     package: {name, specs: [(specifier, required by)], have: the host's version or None, state}, where
     state is "older" (the host's known version is below a requirement: carry the package), "newer" (it fails
     only upper bounds or exclusions: reported, not carried, since downgrading a host package under its
-    other users is the greater risk; vLLM 0.26.0 ran so with numpy 2.5.2), "unknown" (the host's version is
+    other users is the greater risk; the v0.26 line's vLLM ran so with numpy 2.5.2), "unknown" (the host's version is
     not known here: checked on the host at install) or "ok".  Needs ``packaging``."""
     Requirement, Version, _ = _packaging()
     env = _host_env()

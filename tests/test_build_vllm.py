@@ -26,7 +26,12 @@ from pathlib import Path
 import pytest
 
 from kimi.errors import KimiError
+from kimi.kernels import build as fork_build
+from kimi.kernels import build_plan as bp
+from kimi.kernels import cmake_tree as ct
+from kimi.kernels import fill_sources
 from kimi.kernels import sources as srcs
+from kimi.kernels import toolchain as tcm
 from kimi.kernels import vllm_build as vb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,19 +151,19 @@ def fill(folder: Path, variable: str, need: list[str] | None = None) -> Path:
     return folder
 
 
-def toolchain(**kw) -> vb.Toolchain:
+def toolchain(**kw) -> tcm.Toolchain:
     """A stated toolchain (no programs are run)."""
     base = dict(cmake="/opt/bin/cmake", cmake_version="4.4.5", ninja="/opt/bin/ninja",
                 nvcc="/opt/cuda/bin/nvcc", cuda_home="/opt/cuda", cuda_release="13.0", python="/opt/venv/bin/python",
                 torch="2.11.0+cu130", torch_cuda="13.0", python_path=[])
-    return vb.Toolchain(**{**base, **kw})
+    return tcm.Toolchain(**{**base, **kw})
 
 
-def plan(root: Path, subset: str = "sm100", **kw) -> vb.Plan:
+def plan(root: Path, subset: str = "sm100", **kw) -> bp.Plan:
     kw.setdefault("toolchain", toolchain())
     kw.setdefault("cores", 2)
     kw.setdefault("available_gb", 21.0)
-    return vb.make_plan(root, subset, build_dir=root / "build", **kw)
+    return bp.make_plan(root, subset, build_dir=root / "build", **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,12 +178,12 @@ def plan(root: Path, subset: str = "sm100", **kw) -> vb.Plan:
     (4, 30.0, 4.5, 4),
 ])
 def test_jobs_for_memory(cores, available, per_job, jobs):
-    assert vb.jobs_for_memory(cores, available, per_job) == jobs
+    assert bp.jobs_for_memory(cores, available, per_job) == jobs
 
 
 def test_jobs_for_memory_refuses_a_non_positive_size():
     with pytest.raises(KimiError, match="per-job-gb"):
-        vb.jobs_for_memory(2, 20, 0)
+        bp.jobs_for_memory(2, 20, 0)
 
 
 def test_plan_sizes_jobs_and_prints_them(tmp_path):
@@ -187,7 +192,7 @@ def test_plan_sizes_jobs_and_prints_them(tmp_path):
     p = plan(root, cores=16, available_gb=100.0)
     assert p.jobs == 9
     assert "-DCMAKE_JOB_POOLS:STRING=compile=9" in p.configure and p.build[p.build.index("-j") + 1] == "9"
-    text = vb.render_plan(p)
+    text = bp.render_plan(p)
     assert "jobs: 9 (cores 16, available memory 100.0 GiB, 11 GiB per job" in text
     assert plan(root, jobs=3).jobs == 3  # an explicit -j wins
     assert not any("may be killed for memory" in w for w in p.warnings)
@@ -199,7 +204,7 @@ def test_plan_sizes_jobs_and_prints_them(tmp_path):
 
 def test_sm100_units_read_from_cmake(tmp_path):
     root = make_tree(tmp_path)
-    units = vb.sm100_units(root)
+    units = ct.sm100_units(root)
     assert [u.group for u in units] == ["SCALED_MM_SM100_SRCS"] * 2 + ["CUTLASS_MOE_SM100_SRCS"] + \
         ["FP4_SM100_SRCS"] * 2 + ["CUTLASS_MLA_SRCS"]
     assert {u.target for u in units} == {"_C_stable_libtorch"}
@@ -207,7 +212,7 @@ def test_sm100_units_read_from_cmake(tmp_path):
                                 "sm100_cutlass_mla_kernel.cu.o")
     (root / "CMakeLists.txt").write_text(CMAKELISTS.replace("CUTLASS_MLA_SRCS", "MLA_SOURCES"))
     with pytest.raises(KimiError, match="CUTLASS_MLA_SRCS"):
-        vb.sm100_units(root)
+        ct.sm100_units(root)
 
 
 # What each release's CMake has, as read from its source by hand (the laid tree is the mainline's pin;
@@ -250,7 +255,7 @@ def _check_release(root: Path, release: str) -> None:
     """The tree at ``root`` has the sm_100-only group, external sources and GCC checks of ``release``."""
     want = RELEASES.get(release)
     assert want, f"no expectations for vLLM {release}: read its CMakeLists.txt and add RELEASES[{release!r}]"
-    units = vb.sm100_units(root)
+    units = ct.sm100_units(root)
     names = [Path(u.source).name for u in units]
     assert len(units) == want["units"] and {u.target for u in units} == {"_C_stable_libtorch"}
     for name in ("scaled_mm_c3x_sm100.cu", "scaled_mm_blockwise_sm100_fp8.cu", "grouped_mm_c3x_sm100.cu",
@@ -270,8 +275,8 @@ def _check_release(root: Path, release: str) -> None:
     assert "csrc/api/api.cpp" in found["FLASH_MLA_SRC_DIR"].required
     own = ("vllm/third_party/flashmla/flash_mla_interface.py", "tools/build_deepgemm_C.py")  # ${CMAKE_SOURCE_DIR}/...
     assert not any(r in own for s in found.values() for r in s.required)
-    assert [c.version for c in vb.compiler_checks(root)] == want["gcc"]
-    assert vb.project_name(root) == "vllm_extensions"
+    assert [c.version for c in ct.compiler_checks(root)] == want["gcc"]
+    assert ct.project_name(root) == "vllm_extensions"
 
 
 @pytest.mark.skipif(not (ROOT / "CMakeLists.txt").is_file(), reason="the vLLM tree is not laid (`kimi sync`)")
@@ -292,19 +297,19 @@ def test_fork_subset_builds_the_draft_head_and_the_series_units(tmp_path, monkey
     root = make_tree(tmp_path / "vllm")
     p = plan(root, "fork")
     assert p.fork_library and p.configure is None and p.build is None and not p.problems
-    assert "no CMake configure is needed" in vb.render_plan(p)
+    assert "no CMake configure is needed" in bp.render_plan(p)
     with monkeypatch.context() as m:
-        m.setattr(vb.fork_build, "find_nvcc", lambda: None)
-        assert "no nvcc for the draft-head library" in plan(root, "fork", toolchain=vb.Toolchain()).problems[0]
+        m.setattr(fork_build, "find_nvcc", lambda: None)
+        assert "no nvcc for the draft-head library" in plan(root, "fork", toolchain=tcm.Toolchain()).problems[0]
     (root / "kimi" / "lines" / "mainline" / "patches" / "0001-x.patch").write_text(
         "Subject: x\n\ndiff --git a/csrc/libtorch_stable/topk.cu b/csrc/libtorch_stable/topk.cu\n--- a/x\n+++ b/x\n")
     fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
     p = plan(root, "fork")
     assert [u["source"] for u in p.units] == ["csrc/libtorch_stable/topk.cu"]
     assert p.build[-1] == "CMakeFiles/_C_stable_libtorch.dir/csrc/libtorch_stable/topk.cu.o"
-    assert vb.owner_target(CMAKELISTS, "csrc/libtorch_stable/quantization/fp4/nvfp4_quant_kernels.cu") == \
+    assert ct.owner_target(CMAKELISTS, "csrc/libtorch_stable/quantization/fp4/nvfp4_quant_kernels.cu") == \
         "_C_stable_libtorch"
-    assert vb.owner_target(CMAKELISTS, "csrc/libtorch_stable/moe/new.cu") == "_moe_C_stable_libtorch"
+    assert ct.owner_target(CMAKELISTS, "csrc/libtorch_stable/moe/new.cu") == "_moe_C_stable_libtorch"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +344,7 @@ def test_sm100_configure_is_offline_with_local_sources_and_standins(tmp_path):
     assert p.build[:5] == ["/opt/bin/cmake", "--build", str(root / "build"), "-j", "1"]
     assert p.build[5] == "--target" and len(p.build[6:]) == 6 and all(t.endswith(".cu.o") for t in p.build[6:])
     assert not p.fork_library and p.install is None
-    text = vb.render_plan(p)
+    text = bp.render_plan(p)
     assert "export TORCH_CUDA_ARCH_LIST='9.0a;10.0a'" in text and "-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in text
     assert "configure-only stand-ins" in text and "ccache: not found" in text
 
@@ -361,7 +366,7 @@ def test_ccache_becomes_the_compiler_launcher(tmp_path):
     p = plan(root, toolchain=toolchain(ccache="/usr/bin/ccache"))
     for lang in ("C", "CXX", "CUDA"):
         assert f"-DCMAKE_{lang}_COMPILER_LAUNCHER=/usr/bin/ccache" in p.configure
-    assert "ccache: /usr/bin/ccache" in vb.render_plan(p)
+    assert "ccache: /usr/bin/ccache" in bp.render_plan(p)
 
 
 def test_all_needs_every_source_and_names_each_missing_one(tmp_path):
@@ -420,9 +425,9 @@ def test_tool_problems_name_their_fix(tmp_path, monkeypatch):
         (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.setattr(vb.sys, "executable", str(bin_dir / "python"))
-    monkeypatch.setattr(vb.fork_build, "find_nvcc", lambda: None)
-    tc = vb.find_toolchain(root, str(bin_dir / "python"))
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setattr(fork_build, "find_nvcc", lambda: None)
+    tc = tcm.find_toolchain(root, str(bin_dir / "python"))
     text = "\n".join(tc.problems)
     assert "no cmake >= 3.26 (found only 3.25.1): `pip install cmake`" in text
     assert "no ninja: `pip install ninja`" in text
@@ -433,13 +438,13 @@ def test_tool_problems_name_their_fix(tmp_path, monkeypatch):
 def test_toolkit_gaps_are_named(tmp_path):
     home = tmp_path / "cuda"
     (home / "include").mkdir(parents=True)
-    gaps = vb.toolkit_gaps(home)
+    gaps = tcm.toolkit_gaps(home)
     assert gaps[:2] == ["include/cublas_v2.h", "libnvrtc.so"]
     (home / "include" / "cublas_v2.h").write_text("")
     (home / "lib" / "stubs").mkdir(parents=True)
     (home / "lib" / "libnvrtc.so.13").write_text("")
     (home / "lib" / "stubs" / "libcuda.so").write_text("")
-    assert vb.toolkit_gaps(home) == []
+    assert tcm.toolkit_gaps(home) == []
 
 
 def test_standins_let_cmake_configure_without_the_sources(tmp_path):
@@ -454,7 +459,7 @@ def test_standins_let_cmake_configure_without_the_sources(tmp_path):
     # configure re-inserts vLLM's import line: the laid file comes out unchanged
     assert (tmp_path / "fm" / "flash_mla" / "flash_mla_interface.py").read_text() == \
         "import torch\nflash_mla_cuda = torch.ops._flashmla_C\n"
-    assert (tmp_path / "fm" / vb.STANDIN_MARK).is_file()
+    assert (tmp_path / "fm" / tcm.STANDIN_MARK).is_file()
     vb.make_standin(root, found["VLLM_FLASH_ATTN_SRC_DIR"], tmp_path / "fa")
     assert "add_custom_target(_vllm_fa2_C)" in (tmp_path / "fa" / "CMakeLists.txt").read_text()
 
@@ -612,7 +617,7 @@ def test_compiler_checks_are_read_and_a_gcc_13_check_is_waived_for_sm100(tmp_pat
     root = make_tree(tmp_path / "vllm")
     (root / "CMakeLists.txt").write_text(CMAKELISTS + GCC_CHECKS)
     (root / "cmake" / "external_projects" / "deepgemm.cmake").write_text(DEEPGEMM_032)
-    checks = vb.compiler_checks(root)
+    checks = ct.compiler_checks(root)
     assert [(c.version, c.prefix) for c in checks] == [("11.3", "GCC >= 11.3 is required to build vLLM (found "),
                                                        ("13", WAIVED)]
     assert "DeepGEMM and DeepSelect" in checks[1].message
@@ -620,7 +625,7 @@ def test_compiler_checks_are_read_and_a_gcc_13_check_is_waived_for_sm100(tmp_pat
     gcc12 = toolchain(cxx="/usr/bin/c++", cxx_version="12.2.0", cxx_gnu=True)
     p = plan(root, toolchain=gcc12)
     assert p.waivers == [WAIVED] and not p.problems
-    assert f"-DCMAKE_PROJECT_vllm_extensions_INCLUDE={root / 'build' / vb.WAIVERS_FILE}" in p.configure
+    assert f"-DCMAKE_PROJECT_vllm_extensions_INCLUDE={root / 'build' / ct.WAIVERS_FILE}" in p.configure
     note = next(w for w in p.warnings if "GCC 12.2.0" in w)
     assert "for DeepGEMM, which the sm100 subset does not compile: waived" in note and "needs GCC >= 13" in note
     p = plan(root, "all", toolchain=gcc12)
@@ -646,8 +651,8 @@ def _cmake() -> str | None:
 def test_the_waiver_turns_only_that_fatal_error_into_a_warning(tmp_path):
     """Real CMake: the waived FATAL_ERROR becomes a warning, another one still stops, other messages
     pass unchanged (a list's semicolons, several arguments)."""
-    waivers = tmp_path / vb.WAIVERS_FILE
-    waivers.write_text(vb.waivers_cmake([WAIVED]))
+    waivers = tmp_path / ct.WAIVERS_FILE
+    waivers.write_text(ct.waivers_cmake([WAIVED]))
     src = tmp_path / "src"
     src.mkdir()
     def configure(body: str) -> subprocess.CompletedProcess:
@@ -692,23 +697,24 @@ def _pip_toolkit(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_toolkit_overlay_fills_the_gaps_from_the_cuda_wheels(tmp_path, monkeypatch):
     home, site = _pip_toolkit(tmp_path)
-    monkeypatch.setattr(vb, "toolkit_gaps", _gaps_without_the_machine)
-    gaps = vb.toolkit_gaps(home)
-    assert gaps == ["include/cublas_v2.h", "libnvrtc.so", vb.LIBCUDA_GAP]
-    providers = vb.overlay_providers(["", str(site), str(tmp_path / "nowhere")])
+    monkeypatch.setattr(tcm, "toolkit_gaps", _gaps_without_the_machine)
+    monkeypatch.setattr(bp, "toolkit_gaps", _gaps_without_the_machine)
+    gaps = tcm.toolkit_gaps(home)
+    assert gaps == ["include/cublas_v2.h", "libnvrtc.so", tcm.LIBCUDA_GAP]
+    providers = tcm.overlay_providers(["", str(site), str(tmp_path / "nowhere")])
     assert providers == [site / "nvidia" / "cu13", site / "nvidia" / "nccl"]
     root = make_tree(tmp_path / "vllm")
     fill(root / ".kimi" / "sources" / "vllm_cutlass", "VLLM_CUTLASS_SRC_DIR")
     tc = toolchain(nvcc=str(home / "bin" / "nvcc"), cuda_home=str(home), toolkit_gaps=gaps, python_path=[str(site)])
     p = plan(root, toolchain=tc)
-    overlay = root / "build" / vb.OVERLAY_DIR
+    overlay = root / "build" / tcm.OVERLAY_DIR
     assert not p.problems and p.overlay == {"path": str(overlay), "home": str(home), "providers": list(map(str,
                                                                                                           providers))}
     assert p.env["CUDA_HOME"] == str(overlay) and p.env["PATH"] == f"{overlay}/bin:$PATH"
     assert f"-DCMAKE_CUDA_COMPILER={overlay}/bin/nvcc" in p.configure
     assert any("an overlay of it and" in w for w in p.warnings)
-    vb.make_toolkit_overlay(home, providers, overlay)
-    assert vb.toolkit_gaps(overlay) == []
+    tcm.make_toolkit_overlay(home, providers, overlay)
+    assert tcm.toolkit_gaps(overlay) == []
     assert not (overlay / "bin" / "nvcc").is_symlink() and (overlay / "bin" / "nvcc").read_text() == "bin/nvcc"
     assert (overlay / "bin" / "ptxas").resolve() == (home / "bin" / "ptxas").resolve()
     assert (overlay / "include" / "cuda_runtime_api.h").is_file() and (overlay / "include" / "nvrtc.h").is_file()
@@ -716,7 +722,7 @@ def test_toolkit_overlay_fills_the_gaps_from_the_cuda_wheels(tmp_path, monkeypat
     assert (overlay / "lib64" / "libnvrtc.so").resolve() == (site / "nvidia/cu13/lib/libnvrtc.so.13").resolve()
     assert (overlay / "lib" / "libcudart.so.13").read_text() == "lib/libcudart.so.13"  # the toolkit's wins
     assert (overlay / "lib" / "stubs" / "libcuda.so").is_file() and (overlay / "nvvm" / "bin" / "cicc").is_file()
-    vb.make_toolkit_overlay(home, providers, overlay)  # again: replaced whole
+    tcm.make_toolkit_overlay(home, providers, overlay)  # again: replaced whole
     assert plan(root, "all", toolchain=tc).overlay is None  # all links: a real toolkit
     # without the wheels: a problem naming the fix
     p = plan(root, toolchain=toolchain(nvcc=str(home / "bin" / "nvcc"), cuda_home=str(home), toolkit_gaps=gaps))
@@ -724,13 +730,13 @@ def test_toolkit_overlay_fills_the_gaps_from_the_cuda_wheels(tmp_path, monkeypat
                                      for x in p.problems)
 
 
-real_gaps = vb.toolkit_gaps
+real_gaps = tcm.toolkit_gaps
 
 
 def _gaps_without_the_machine(home: Path, providers=()) -> list[str]:
     """toolkit_gaps with a libcuda.so looked for in the toolkit only (not a driver's in /usr/lib)."""
     stub = any((home / d / "libcuda.so").exists() for d in ("lib/stubs", "lib64/stubs", "lib", "lib64"))
-    return [g for g in real_gaps(home, providers) if g != vb.LIBCUDA_GAP] + ([] if stub else [vb.LIBCUDA_GAP])
+    return [g for g in real_gaps(home, providers) if g != tcm.LIBCUDA_GAP] + ([] if stub else [tcm.LIBCUDA_GAP])
 
 
 FAKE_CMAKE = r"""#!/bin/sh
@@ -765,7 +771,7 @@ def test_run_configures_builds_the_objects_and_records(tmp_path, monkeypatch):
     log = (root / "build" / "build.log").read_text()
     assert "-- archs 9.0a;10.0a flashmla " + str(root / "build" / "standins" / "flash_mla") in log
     assert f"path /opt/cuda/bin:{os.environ['PATH']}" in log  # $PATH expanded to the caller's
-    assert (root / "build" / "standins" / "flash_mla" / vb.STANDIN_MARK).is_file()
+    assert (root / "build" / "standins" / "flash_mla" / tcm.STANDIN_MARK).is_file()
     saved = json.loads((root / "build" / "kimi-build.json").read_text())
     assert saved["result"] == "ok" and saved["plan"]["subset"] == "sm100" and saved["fork_library"] is None
     # a unit the configure made no rule for is named before anything is built
@@ -780,10 +786,10 @@ def test_run_configures_builds_the_objects_and_records(tmp_path, monkeypatch):
     assert json.loads((root / "build" / "kimi-build.json").read_text())["result"] == "configure failed (exit 3)"
 
 
-def _replan_missing_mla(root: Path, fake: Path, tmp_path: Path) -> vb.Plan:
+def _replan_missing_mla(root: Path, fake: Path, tmp_path: Path) -> bp.Plan:
     """A plan for the original units, configured against a tree whose CMakeLists.txt lost the MLA unit."""
     (root / "CMakeLists.txt").write_text(CMAKELISTS)
-    p = vb.make_plan(root, "sm100", build_dir=tmp_path / "b2", toolchain=toolchain(cmake=str(fake)), cores=2,
+    p = bp.make_plan(root, "sm100", build_dir=tmp_path / "b2", toolchain=toolchain(cmake=str(fake)), cores=2,
                      available_gb=21.0)
     (root / "CMakeLists.txt").write_text(CMAKELISTS.replace('"csrc/libtorch_stable/attention/mla/', '"x/'))
     return p
@@ -829,7 +835,7 @@ def test_prepare_from_local_wheels(tmp_path):
         "vllm/_C_stable_libtorch.abi3.so": ""}
     wheel = _zip(from_dir / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", vllm_files)
     _pin(root, wheel)
-    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
+    done = {d.variable: d for d in fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
     assert done["VLLM_CUTLASS_SRC_DIR"].action == "from nvidia-cutlass"
     assert "CUTLASS 4.2.0 headers (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
     assert done["FLASH_MLA_SRC_DIR"].action == "missing" and "FlashMLA" in done["FLASH_MLA_SRC_DIR"].detail
@@ -851,7 +857,7 @@ def test_prepare_from_local_wheels(tmp_path):
     _zip(wheel, {"vllm/other.py": ""})
     (tmp_path / "cache" / wheel.name).unlink()
     with pytest.raises(KimiError, match="sha256 mismatch"):
-        srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)
+        fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)
     # a vLLM wheel whose MSA copy has newer CUTLASS headers: they replace include/ and tools/util/include
     copy = "vllm/third_party/fmha_sm100/cutlass/"
     wheel = _zip(wheel, {**vllm_files,
@@ -860,7 +866,7 @@ def test_prepare_from_local_wheels(tmp_path):
         f"{copy}include/cutlass/cutlass.h": "// 4.3.4", f"{copy}include/cute/tensor.hpp": "",
         f"{copy}tools/util/include/cutlass/util/packed_stride.hpp": "// 4.3.4"})
     _pin(root, wheel)
-    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)}
+    done = {d.variable: d for d in fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache", force=True)}
     assert "CUTLASS 4.3.4 headers (pinned v4.4.2)" in done["VLLM_CUTLASS_SRC_DIR"].detail
     tree = sources / "vllm_cutlass"
     assert (tree / "include" / "cutlass" / "cutlass.h").read_text() == "// 4.3.4"
@@ -888,7 +894,7 @@ def test_prepare_from_a_checkout_and_an_archive_checks_revisions(tmp_path):
     tree = fill(tmp_path / "fa" / f"flash-attention-{FA_SHA}", "VLLM_FLASH_ATTN_SRC_DIR")
     with tarfile.open(from_dir / f"flash-attention-{FA_SHA}.tar.gz", "w:gz") as tar:
         tar.add(tree, arcname=tree.name)
-    done = {d.variable: d for d in srcs.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
+    done = {d.variable: d for d in fill_sources.prepare(root, from_dir=from_dir, cache=tmp_path / "cache")}
     assert done["FLASH_MLA_SRC_DIR"].action == "linked" and done["VLLM_FLASH_ATTN_SRC_DIR"].action == "unpacked"
     found = {s.variable: s for s in srcs.external_sources(root)}
     assert found["FLASH_MLA_SRC_DIR"].present and found["FLASH_MLA_SRC_DIR"].revision_ok is True
@@ -906,7 +912,7 @@ def test_unpack_refuses_unsafe_paths(tmp_path):
     archive = tmp_path / "FlashMLA-abc.zip"
     _zip(archive, {"FlashMLA-abc/ok.txt": "", "../evil.txt": ""})
     with pytest.raises(KimiError):
-        srcs.unpack_archive(archive, tmp_path / "out")
+        fill_sources.unpack_archive(archive, tmp_path / "out")
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "out").exists()
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w:gz") as tar:
@@ -914,7 +920,7 @@ def test_unpack_refuses_unsafe_paths(tmp_path):
         tar.addfile(info, io.BytesIO(b""))
     (tmp_path / "x-1.tar.gz").write_bytes(data.getvalue())
     with pytest.raises(KimiError, match="unsafe"):
-        srcs.unpack_archive(tmp_path / "x-1.tar.gz", tmp_path / "out2")
+        fill_sources.unpack_archive(tmp_path / "x-1.tar.gz", tmp_path / "out2")
     assert not (tmp_path / "evil.txt").exists()
 
 
@@ -930,7 +936,7 @@ def test_real_offline_configure_of_the_sm100_group(tmp_path, monkeypatch):
     with torch's CUDA build when .venv's is a CPU build."""
     if CUDA_HOME:
         monkeypatch.setenv("CUDA_HOME", CUDA_HOME)
-    p = vb.make_plan(ROOT, "sm100", build_dir=tmp_path / "build", python=os.environ.get("KIMI_TEST_PYTHON"))
+    p = bp.make_plan(ROOT, "sm100", build_dir=tmp_path / "build", python=os.environ.get("KIMI_TEST_PYTHON"))
     if p.problems:
         pytest.skip("cannot configure here: " + "; ".join(p.problems))
     record = vb.run(p, configure_only=True)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from kimi.demo import acceptance, demo_models
-from kimi.e2e.prompts import code_prompts
 from kimi.e2e.server import VllmServer, accepted_per_position, spec_counters
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 

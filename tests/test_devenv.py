@@ -92,7 +92,7 @@ def test_torch_kernels_take_the_cpu_build_list_without_its_torch(tmp_path: Path)
 def test_auto_kernels_by_driver_and_pinned_wheels(monkeypatch, artifacts, driver, want) -> None:
     from types import SimpleNamespace
 
-    import kimi.hooks.precompiled_fork_build as build
+    import kimi.fork.kernels_mode as build
 
     monkeypatch.setattr(build, "cuda_present", lambda: driver)
     monkeypatch.delenv("KIMI_KERNELS", raising=False)

@@ -20,8 +20,8 @@ from kimi.bench.gpu_e2e.lanes import Job, Outcome, Run, guarded, run_lane
 from kimi.bench.gpu_e2e.summary import compare, write_results
 from kimi.e2e.engine import spec_metrics
 from kimi.e2e.presets import CPU_SERVE, GPU_E2E, GPU_E2E_CPU_SMOKE, MLA_FALLBACK
-from kimi.e2e.prompts import code_prompt_ids
 from kimi.e2e.server import serve_args, spec_counters
+from kimi.models.prompts import code_prompt_ids
 
 
 def test_compare_counts_identical_sequences_and_first_divergence() -> None:

@@ -119,7 +119,7 @@ import json, sys
 from pathlib import Path
 from vllm import LLM, SamplingParams
 from kimi.bench.image_acceptance import ENGINES, K, requests, rows_check
-from kimi.bench.multimodal import close_engine
+from kimi.e2e.engine import close_engine
 from kimi.models.pair_k25 import load_vision
 wrapper, drafter, vision = sys.argv[1:4]
 tensors, manifest = load_vision(Path(vision))

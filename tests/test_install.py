@@ -19,9 +19,9 @@ import pytest
 
 from conftest import ROOT
 from kimi.fork.checkout import fresh_copy
+from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import Layout
 from kimi.fork.pin import load_pin
-from kimi.hooks.precompiled_fork_build import kernels_mode
 
 pytestmark = pytest.mark.install
 PIN = load_pin(ROOT / "kimi" / "lines" / "mainline" / "pin.json")

@@ -104,6 +104,7 @@ import json, sys
 from transformers import AutoTokenizer
 from vllm import LLM
 from kimi.bench import multimodal as mm
+from kimi.e2e.engine import close_engine
 target, drafter = sys.argv[1], sys.argv[2]
 texts = mm.prompts(AutoTokenizer.from_pretrained(target))
 # a short text request decodes (drafts rejected: random drafter) while the image prefills in 32-token chunks
@@ -116,7 +117,7 @@ for name, spec in (("base", None), ("eagle3", {"method": "eagle3", "model": draf
         out[name] = mm._greedy(llm, requests, margins=False)["tokens"]
     except Exception as exc:
         out[name] = f"{type(exc).__name__}: {exc}"[:300]
-    mm.close_engine(llm)
+    close_engine(llm)
 print("RESULT " + json.dumps(out))
 """
 

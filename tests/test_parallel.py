@@ -207,7 +207,7 @@ def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_
 
     from kimi.e2e.engine import tokenize
     from kimi.e2e.presets import CPU_EAGER
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     if "RAY_ADDRESS" in os.environ:
         pytest.skip("RAY_ADDRESS names a Ray cluster; this test starts its own")
@@ -259,7 +259,7 @@ def test_pp2_eagle3_on_the_pair_is_lossless_and_accepts_as_one_stage(trained_pai
     intermediate tensors in the compile warm-up): EAGLE-3 at TP 2 and at PP 2 (patch 0022; upstream fails there,
     see its header) gives the greedy tokens of the target alone on one rank and the acceptance counts of one rank."""
     from kimi.e2e.engine import tokenize
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
     prompt_ids = tokenize(target, code_prompts(4))
@@ -282,7 +282,7 @@ def test_pp2_vllm_serve_answers_concurrent_openai_requests_like_one_rank(trained
     without EAGLE-3, answers four greedy completions sent at once by the openai client with the tokens of the target
     alone on one rank."""
     from kimi.e2e.engine import tokenize
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
     prompt_ids = tokenize(target, code_prompts(4))

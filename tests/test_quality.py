@@ -1,10 +1,10 @@
-"""The plausibility numbers that gate the reference pair: loops and distinct-2 (kimi.bench.quality)."""
+"""The plausibility numbers that gate the reference pair: loops and distinct-2 (kimi.models.quality)."""
 
 from __future__ import annotations
 
 import math
 
-from kimi.bench.quality import distinct_n, is_loop, loop_share
+from kimi.models.quality import distinct_n, is_loop, loop_share
 
 
 def test_a_tail_repeating_one_ngram_to_the_end_is_a_loop() -> None:

@@ -11,7 +11,7 @@ import pytest
 from conftest import UPSTREAM_FILES, Fork, make_sdist, patch_text, speculative_patch
 from kimi.fork.candidates import deleted_targets
 from kimi.fork.layout import Layout
-from kimi.fork.rebase import add_upstream_tests
+from kimi.fork.rebase_report import add_upstream_tests
 
 SPEC = "vllm/config/speculative.py"
 

@@ -106,7 +106,7 @@ def test_targets_never_replace_another_commands_folder(tmp_path: Path):
 
 
 def test_selection_prompts_are_not_the_benchmarks_prompts():
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     measured = code_prompts(16)  # benchmarks/acceptance.py's default --prompts
     chosen_on = code_prompts(SELECTION_PROMPTS.stop)[SELECTION_PROMPTS]

@@ -75,7 +75,7 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path):
 
 def test_trained_pair_acceptance_and_wiring_guard(tmp_path: Path, trained_pair: Path):
     from kimi.e2e.engine import tokenize
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
     from kimi.train.acceptance import served_acceptance
     from kimi.train.export import shifted_ids, with_ids
 

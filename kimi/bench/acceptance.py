@@ -1,4 +1,4 @@
-"""``benchmarks/acceptance.py``'s pieces (issue F): the trained pair it serves, what its result says about the
+"""``benchmarks/acceptance.py``'s pieces: the trained pair it serves, what its result says about the
 device, and its chart and markdown. The serving itself is :func:`kimi.train.acceptance.served_acceptance`."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def folder_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6
 
 
-#: What the reference pair must show (issue O): plausible completions, and a τ that real drafters reach.
+#: What the reference pair must show: plausible completions, and a τ that real drafters reach.
 GATES = {"loop_share_max": 0.2, "distinct_2_min": 0.5, "tau_min": 2.0, "tau_max": 3.6, "shifted_gap_min": 0.3}
 
 

@@ -1,4 +1,4 @@
-"""The checks of ``benchmarks/cpu_e2e.py`` (issue B), the fork's main job on a machine without a GPU: parity with
+"""The checks of ``benchmarks/cpu_e2e.py``, the fork's main job on a machine without a GPU: parity with
 transformers, lossless EAGLE-3 (on the reference target and on the Kimi-K2.5 wrapper with images), ``vllm serve``
 with bad input, and a drafter that must not start. Needs the
 fork's venv (vLLM, torch, transformers: imported by :mod:`kimi.e2e.engine` when a check runs)."""
@@ -130,7 +130,7 @@ def write_results(out: Path, result: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "cpu_e2e.json", result)
     v = result.get("versions")
-    lines = [*header("CPU end to end (issue B)", result["command"], result["date"]), f"- CPU: {result['cpu']}",
+    lines = [*header("CPU end to end", result["command"], result["date"]), f"- CPU: {result['cpu']}",
              *([f"- versions: vLLM {v['vllm']}, torch {v['torch']}, Python {v['python']}"] if v else []), "",
              "| check | result |", "|---|---|",
              (f"| HF parity ({result['dtype']}) | {result['hf_parity']['matching']}/{result['hf_parity']['total']} "

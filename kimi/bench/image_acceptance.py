@@ -1,4 +1,4 @@
-"""τ on image prompts with the target's image rows passed to the EAGLE-3 drafter, against the placeholder's (issue 18).
+"""τ on image prompts with the target's image rows passed to the EAGLE-3 drafter, against the placeholder's.
 
 The target is ``pair-k25`` (:mod:`kimi.models.pair_k25`: the shipped pair's target with a trained vision tower
 that memorised images of held-in code lines), the drafter ``models/pair/drafter`` (k = 3). The prompts are the
@@ -97,8 +97,7 @@ def measure(mode: str, wrapper: str, drafter: str, texts: list[str], device: str
     """
     from vllm import LLM, SamplingParams
 
-    from kimi.bench.multimodal import close_engine
-    from kimi.e2e.engine import spec_metrics, spec_metrics_since
+    from kimi.e2e.engine import close_engine, spec_metrics, spec_metrics_since
     from kimi.train.acceptance import summarize
 
     if mode not in MODES or device not in ENGINES:

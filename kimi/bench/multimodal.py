@@ -1,4 +1,4 @@
-"""Kimi-K2.5 image requests with EAGLE-3 (issue 18): what the drafter reads at image positions, and lossless output.
+"""Kimi-K2.5 image requests with EAGLE-3: what the drafter reads at image positions, and lossless output.
 
 Two checks over the reference Kimi-K2.5 wrapper (``kimi models make``: ``kimi-k25/``, a random vision tower,
 placeholder ``<|media_pad|>`` = id 2) and each drafter style (``drafter-llama``, ``drafter-mla``):
@@ -18,11 +18,10 @@ their results (:func:`write_results`); ``tests/test_multimodal_drafter.py`` asse
 
 from __future__ import annotations
 
-import gc
 from functools import partial
 
 from kimi.bench.results import header, write_json, write_lines
-from kimi.e2e.engine import model_runner
+from kimi.e2e.engine import close_engine, model_runner
 from kimi.e2e.presets import CPU_EAGER, GPU_E2E
 from kimi.models.kimi_k25 import MEDIA_TOKEN
 
@@ -77,7 +76,7 @@ def prompts(tokenizer) -> dict[str, str]:
     """The prompts of the checks (text around placeholders, from held-out code): ``short`` (about 80 tokens with
     its image, a hit inside the image), ``long`` (about 160, a hit after it), ``at_chunk`` (the image starts at
     position 32, a chunk boundary of :data:`CHUNKED`), ``two`` (two images) and ``text`` (no image)."""
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     code = code_prompts(4)
     return {"short": f"# an image: {MEDIA_TOKEN}\ndef describe(image):\n",
@@ -111,17 +110,6 @@ def settings(device: str, chunked: bool = False, eager: bool = False) -> dict:
         raise ValueError(f"device must be cpu or gpu, not {device!r}")
     base = ENGINE if device == "cpu" else {**GPU_ENGINE, **({"enforce_eager": True} if eager else {})}
     return {**base, **(CHUNK if chunked else {})}
-
-
-def close_engine(llm) -> None:
-    """Shut the in-process engine down and free what it held, so that the next engine of the process starts
-    clean (on a GPU: its memory and vLLM's distributed state)."""
-    from vllm.distributed import cleanup_dist_env_and_memory
-
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    cleanup_dist_env_and_memory()
 
 
 def drafter_inputs(target: str, drafter: str, chunked: bool = False, device: str = "cpu") -> dict:
@@ -264,7 +252,7 @@ def write_results(out_dir, result: dict) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "multimodal.json", result)
-    lines = _checks_lines(result) if "lossless" in result else ["# Kimi-K2.5 image requests with EAGLE-3 (issue 18)"]
+    lines = _checks_lines(result) if "lossless" in result else ["# Kimi-K2.5 image requests with EAGLE-3"]
     if "image_acceptance" in result:
         from kimi.bench.image_acceptance import markdown
 
@@ -276,7 +264,7 @@ def write_results(out_dir, result: dict) -> None:
 
 
 def _checks_lines(result: dict) -> list[str]:
-    lines = [*header("Kimi-K2.5 image requests with EAGLE-3 (issue 18)", result["command"], result["date"]),
+    lines = [*header("Kimi-K2.5 image requests with EAGLE-3", result["command"], result["date"]),
              f"- device: {result['device']}", f"- vLLM: {result['vllm']}",
              f"- drafter_sees_target_embeddings: {result['drafter_sees_target_embeddings']}", "",
              "## Lossless (greedy with EAGLE-3 = without)", "",

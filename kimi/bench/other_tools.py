@@ -1,4 +1,4 @@
-"""Drafters made by other tools (issue 17 part 4): our drafter written by speculators and in SpecForge's layout,
+"""Drafters made by other tools: our drafter written by speculators and in SpecForge's layout,
 inspected, converted and served, against our own drafter's run.
 
 Same weights give the same drafts, so each checkpoint served directly and its ``kimi drafter convert`` copy must
@@ -16,7 +16,7 @@ from kimi.drafter.inspect import inspect
 from kimi.drafter.other_tools import specforge_checkpoint, speculators_checkpoint
 from kimi.e2e.engine import GreedyRun, identical, tokenize, vllm_greedy
 from kimi.e2e.presets import CPU_EAGER
-from kimi.e2e.prompts import code_prompts
+from kimi.models.prompts import code_prompts
 
 #: Draft tokens per step.
 K = 3
@@ -78,7 +78,7 @@ def check_other_tools(pair: Path, work: Path, drafter: str = "drafter", prompts:
             ``drafter="drafter-llama"``).
         work: where the checkpoints are written (``work/speculators``, ``work/specforge`` and their
             ``-vllm`` copies; replaced on a rerun).
-        prompts, tokens: greedy requests of :func:`kimi.e2e.prompts.code_prompts` and tokens per request.
+        prompts, tokens: greedy requests of :func:`kimi.models.prompts.code_prompts` and tokens per request.
 
     Returns:
         ``{"target", "drafter", "prompts", "tokens", "k", "ours": {"counters"}, "tools": {TOOL: check_tool(...)},

@@ -1,15 +1,15 @@
-"""The runs of ``benchmarks/parallel.py`` (issue K): EAGLE-3 on DeepSeek-V3 targets across tensor- and
+"""The runs of ``benchmarks/parallel.py``: EAGLE-3 on DeepSeek-V3 targets across tensor- and
 pipeline-parallel layouts on vLLM's CPU backend (gloo between the worker processes), each against the same target
 on one rank without speculation.
 
 A layout's run either serves the prompts (greedy tokens, spec-decode counters, start-up seconds) or is refused
-before anything loads (the fork's pre-load check, ``kimi/hooks/eagle3_drafter_checks.py``, keeps the message).
-vLLM 0.32.0 cannot serve EAGLE-3 with pipeline parallelism on these targets; the fork serves it on CPU (patch
+before anything loads (the fork's pre-load check, ``kimi/drafter/serve_checks.py``, keeps the message).
+The v0.32 line's vLLM cannot serve EAGLE-3 with pipeline parallelism on these targets; the fork serves it on CPU (patch
 ``0022-eagle3-pipeline-parallel``) and refuses it on GPUs. Needs the fork's venv (vLLM, torch).
 
-With ``backend="ray"`` (issue 19) the multi-worker layouts go through vLLM's Ray executor
+With ``backend="ray"`` the multi-worker layouts go through vLLM's Ray executor
 (``distributed_executor_backend="ray"``) on a local Ray cluster (:func:`local_ray`, ``pip install ray``), each
-against the same target on one rank; vLLM 0.32.0 refuses Ray on its CPU backend (:data:`RAY_ON_CPU`), the fork
+against the same target on one rank; the v0.32 line's vLLM refuses Ray on its CPU backend (:data:`RAY_ON_CPU`), the fork
 serves it (patch ``0021-cpu-ray-executor``).
 
 With ``backend="serve"`` the layouts of :data:`SERVE_LAYOUTS` (PP 2) run as ``vllm serve`` (vLLM's multiprocessing
@@ -39,7 +39,7 @@ RAY_LAYOUTS = ((2, 1), (1, 2), (2, 2))
 SERVE_LAYOUTS = ((1, 2),)
 #: What the refusal of an unservable layout says (``check_pipeline_parallel``).
 REFUSED = "EAGLE-3 with pipeline_parallel_size="
-#: What vLLM 0.32.0 says when its Ray executor starts on the CPU backend: ``CpuPlatform`` keeps the empty
+#: What the v0.32 line's vLLM says when its Ray executor starts on the CPU backend: ``CpuPlatform`` keeps the empty
 #: ``ray_device_key`` of ``Platform``, and ``initialize_ray_cluster`` (``vllm/v1/executor/ray_utils.py``) raises
 #: this right after ``ray.init``, before any worker or weight (upstream vllm#21602, closed as stale).
 RAY_ON_CPU = "current platform cpu does not support ray"
@@ -112,7 +112,7 @@ def serve_layout(target: str, prompt_ids: list[list[int]], tokens: int, tp: int,
     """One engine at ``tp`` x ``pp`` (vLLM's default executor, :func:`executor`, unless ``backend`` names one
     (``"ray"``: a Ray cluster must be reachable, :func:`local_ray`); ``engine``: float32 with
     torch.compile by default,
-    since vLLM 0.32.0's CPU workers allocate the pipeline's intermediate tensors in the compile warm-up, so an eager
+    since the v0.32 line's CPU workers allocate the pipeline's intermediate tensors in the compile warm-up, so an eager
     engine with ``pipeline_parallel_size > 1`` fails its first step on the later stages): ``(run, entry)`` where
     ``entry`` holds ``status`` (``done``, ``refused`` before loading, or ``error``), the seconds, and on ``done``
     the start-up seconds and counters; ``run`` is None unless done. With ``backend`` the engine-core's stderr is

@@ -1,11 +1,11 @@
-"""EAGLE-3 on quantized targets (issue 22): the library of ``benchmarks/quantized.py``.
+"""EAGLE-3 on quantized targets: the library of ``benchmarks/quantized.py``.
 
 The shipped pair widened to 128-multiple widths (``kimi.models.widen``: the same function, so that block-FP8 takes
 the published 128 x 128 blocks; the shipped pair's widths allow 16, which no vLLM kernel takes), its drafter trained
 on the bf16 target as a user would reuse one, served at k = 3 against the same target in the layouts users serve
 (``kimi.models.quantize``: block-FP8 as DeepSeek-V3 / Kimi-K2 write it, INT4 W4A16 routed experts as Kimi-K2.5 writes
 it), with an FP8 KV cache on the target, and with the drafter's own KV cache dtype and attention backend
-(``speculative_config``'s ``kv_cache_dtype`` / ``attention_backend``, which vLLM 0.32.0's V2 EAGLE speculator
+(``speculative_config``'s ``kv_cache_dtype`` / ``attention_backend``, which the v0.32 line's V2 EAGLE speculator
 applies through ``SpeculativeConfig.apply_draft_overrides``).
 
 Each :class:`Variant` is a "model" of ``kimi.bench.perf``'s plan: its engines (``nospec``, ``fork_k3``,
@@ -58,9 +58,9 @@ class Variant:
 #: flips beyond that.
 ONE_BY_ONE = {"max_num_seqs": 1, "compilation_config": {"cudagraph_capture_sizes": [1]}}
 #: The block-FP8 targets' engines: the FP8 GEMMs on vLLM's precompiled CUTLASS kernels instead of DeepGEMM. Where
-#: DeepGEMM is installed (the H200 kit) vLLM 0.32.0 prefers it for 128 x 128 blocks and JIT-compiles its kernels
-#: at start (``VLLM_DEEP_GEMM_WARMUP=relax``): 2377 for the widened pair, of which 910 were done after 4 min 19 s
-#: with six FP8 engines starting at once, more than a device call can wait for (quantized H200 run 3,
+#: DeepGEMM is installed (the H200 kit) the v0.32 line's vLLM prefers it for 128 x 128 blocks and JIT-compiles its
+#: kernels at start (``VLLM_DEEP_GEMM_WARMUP=relax``): 2377 for the widened pair, of which 910 were done after
+#: 4 min 19 s with six FP8 engines starting at once, more than a device call can wait for (quantized H200 run 3,
 #: benchmarks/results/logs/quantized-h200-3).
 NO_DEEP_GEMM = {"VLLM_USE_DEEP_GEMM": "0"}
 
@@ -87,7 +87,7 @@ VARIANTS = (
     Variant("fp8-block+draft-greedy-upstream", "fp8-block", engines=("fork",), baseline="fp8-block",
             environ={**NO_DEEP_GEMM, "KIMI_DRAFT_GREEDY": "upstream"}),
 )
-#: On CPU (``--cpu-smoke``): vLLM 0.32.0's CPU backend runs neither quantized layout (docs/reference-models.md).
+#: On CPU (``--cpu-smoke``): the v0.32 line's CPU backend runs neither quantized layout (docs/reference-models.md).
 CPU_VARIANTS = ("bf16",)
 
 
@@ -308,7 +308,7 @@ def _parting(parts: dict | None) -> str:
 def markdown(result: dict) -> list[str]:
     """``quantized.md``: the settings, one table row per (variant, concurrency), the engines that failed."""
     s = result["settings"]
-    lines = [*header("EAGLE-3 on quantized targets (issue 22)", result["command"], result["date"]),
+    lines = [*header("EAGLE-3 on quantized targets", result["command"], result["date"]),
              *([f"- merged over {len(result['commands'])} calls: " + "; ".join(f"`{c}`" for c in result["commands"])]
                if len(result.get("commands") or []) > 1 else []),
              f"- hardware: {result['device']}",

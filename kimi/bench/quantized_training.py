@@ -1,4 +1,4 @@
-"""A drafter trained against the quantized target that is served (issue 22, item 3): the library of
+"""A drafter trained against the quantized target that is served: the library of
 ``benchmarks/quantized_training.py``.
 
 A site that serves a quantized target trains its drafter against that target, since the drafter learns to predict
@@ -135,7 +135,7 @@ def markdown(result: dict) -> list[str]:
     """``quantized_training.md``: the settings (and ``notes``, lines added to a result after its run), the capture
     comparison and the served τ table, the steps' times."""
     s = result["settings"]
-    lines = [*header("A drafter trained against the quantized target (issue 22, item 3)", result["command"],
+    lines = [*header("A drafter trained against the quantized target", result["command"],
                      result["date"]),
              f"- hardware: {result['device']}", f"- vLLM: {result['vllm_version']}",
              f"- targets: {result['targets']}",

@@ -15,7 +15,7 @@ from kimi.fork.fsutil import write_atomic
 
 
 def utc_now(fmt: str | None = None) -> str:
-    """The date of a run in UTC: ISO 8601 to the second (``2026-11-30T09:00:00+00:00``), or as ``fmt`` says
+    """The date of a run in UTC: ISO 8601 to the second (``YYYY-MM-DDTHH:MM:SS+00:00``), or as ``fmt`` says
     (``strftime``)."""
     now = datetime.now(timezone.utc)
     return now.strftime(fmt) if fmt else now.isoformat(timespec="seconds")

@@ -1,4 +1,4 @@
-"""The torture run of ``benchmarks/robustness.py`` (issue 17): ``vllm serve`` with EAGLE-3 through the engine's hard
+"""The torture run of ``benchmarks/robustness.py``: ``vllm serve`` with EAGLE-3 through the engine's hard
 paths, compared request by request with the same server without speculation, and vLLM's own load tool.
 
 Per drafter style three servers run one after the other with the settings of :func:`server_args`: ``spec``
@@ -51,8 +51,8 @@ MAX_MODEL_LEN = 512
 BATCHED_TOKENS = 64
 RECHUNKED_TOKENS = 512
 #: KV cache of the servers on CPU (float32; half of it on a GPU, in bfloat16) per style: 768 tokens each as vLLM
-#: 0.32.0 sizes it (its start-up log), about three of the ``preemption`` scenario's twelve requests at once and more
-#: than one request of ``MAX_MODEL_LEN`` (vLLM refuses less).
+#: the v0.32 line's vLLM sizes it (its start-up log), about three of the ``preemption`` scenario's twelve requests at
+#: once and more than one request of ``MAX_MODEL_LEN`` (vLLM refuses less).
 KV_CACHE_BYTES = {"llama": 12 << 20, "mla": 24 << 20}
 #: Concurrencies of ``vllm bench serve`` and its requests (input / output tokens).
 BENCH_CONCURRENCY = (1, 4, 16, 64)
@@ -64,7 +64,7 @@ BENCH_TOKENS = (64, 32)
 KEEP_ALIVE_S = 75
 #: What the servers' environment adds to this process's.
 SERVER_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)}
-#: Tool parser of the servers. vLLM 0.32.0 answers ``tool_choice="required"`` or a named function with 400
+#: Tool parser of the servers. The v0.32 line's vLLM answers ``tool_choice="required"`` or a named function with 400
 #: ('tool_choice="required" requires --tool-call-parser to be set') unless the server has a tool parser, and it loads
 #: the parser named by ``--tool-call-parser`` only with ``--enable-auto-tool-choice`` (without it the same 400,
 #: naming the flag that is set). The DeepSeek-V3 and Kimi-K2 parsers need their models' tool-call special tokens,
@@ -91,7 +91,7 @@ def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = B
     engine = {"max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": kv_bytes, "seed": 0, "max_num_seqs": 16,
               "speculative_config": speculative, "dtype": server_dtype(gpu),
               **({"gpu_memory_utilization": 0.12} if gpu else {"enforce_eager": True})}
-    # JSON without free whitespace (the code model fills it with spaces until max_tokens): vLLM 0.32.0's xgrammar
+    # JSON without free whitespace (the code model fills it with spaces until max_tokens): the v0.32 line's xgrammar
     # backend takes disable_any_whitespace from the server's config only (a request's is ignored), and the config
     # accepts it only with the backend named
     return [*serve_args(engine), "--max-num-batched-tokens", str(batched_tokens),
@@ -101,7 +101,7 @@ def server_args(speculative: dict | None, kv_bytes: int, batched_tokens: int = B
 
 
 def server_dtype(gpu: bool) -> str:
-    """The servers' dtype: bfloat16 on a GPU (as users serve; vLLM 0.32.0 has no float32 MLA backend on CUDA),
+    """The servers' dtype: bfloat16 on a GPU (as users serve; the v0.32 line's vLLM has no float32 MLA backend on CUDA),
     float32 on CPU."""
     return "bfloat16" if gpu else "float32"
 
@@ -156,9 +156,9 @@ def run_calls(server: VllmServer, plan: dict[str, list[Call]], log, one_by_one: 
 
 
 def bad_request_bodies(model: str) -> dict[str, tuple[dict | bytes, int]]:
-    """``{name: (body of a /v1/completions request, the HTTP status vLLM 0.32.0 answers it with)}``: malformed,
-    over-long and unsupported requests (4xx), one that vLLM serves by clipping ``max_tokens`` to the context (200),
-    and a good request sent last."""
+    """``{name: (body of a /v1/completions request, the HTTP status the v0.32 line's vLLM answers it with)}``:
+    malformed, over-long and unsupported requests (4xx), one that vLLM serves by clipping ``max_tokens`` to the context
+    (200), and a good request sent last."""
     small = {"model": model, "prompt": "x", "max_tokens": 4}
     return {
         "prompt_longer_than_max_model_len": ({**small, "prompt": [5] * (MAX_MODEL_LEN + 10)}, 400),

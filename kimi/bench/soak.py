@@ -1,5 +1,5 @@
 """``benchmarks/soak.py``'s library: resident memory of a ``vllm serve`` process tree under rounds of kept and
-aborted streams (issue 44), and the verdict on its curve.
+aborted streams, and the verdict on its curve.
 
 One round is ``kept`` streaming completions read to the end and ``aborted`` streaming completions whose HTTP
 response is closed after ``abort_after`` chunks, all at once, through the official ``openai`` client
@@ -17,7 +17,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from kimi.e2e.prompts import code_prompts
+from kimi.models.prompts import code_prompts
 
 #: Prompts in the pool the rounds draw from (the held-out code has 55).
 PROMPT_POOL = 48
@@ -143,7 +143,7 @@ def verdict(curves: dict[str, list[float]], spec: str = "eagle3", base: str = "n
 
 
 def round_prompts(round_index: int, count: int) -> list[str]:
-    """``count`` prompts of round ``round_index``: held-out code (:func:`kimi.e2e.prompts.code_prompts`), rotated
+    """``count`` prompts of round ``round_index``: held-out code (:func:`kimi.models.prompts.code_prompts`), rotated
     by 7 per round (a pool of :data:`PROMPT_POOL`) so that successive rounds send different sets; the same for
     every engine."""
     pool = code_prompts(PROMPT_POOL)

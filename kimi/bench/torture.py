@@ -1,4 +1,4 @@
-"""The requests of the torture run (issue 17): each scenario as calls of the official ``openai`` client against a
+"""The requests of the torture run: each scenario as calls of the official ``openai`` client against a
 ``vllm serve``, and what came back, so that the same calls on a server without speculation can be compared.
 
 A :class:`Call` is one ``client.completions.create(...)`` or ``client.chat.completions.create(...)``; :func:`send`
@@ -322,7 +322,7 @@ class PromptPool:
     """Token-id prompts of any length, cut from one stream of held-out code tokens (distinct for distinct ``i``).
 
     Args:
-        stream: token ids (the held-out code of :func:`kimi.e2e.prompts.code_prompt_ids`, joined).
+        stream: token ids (the held-out code of :func:`kimi.models.prompts.code_prompt_ids`, joined).
     """
 
     def __init__(self, stream: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""``kimi docs patches``: the generated documentation under docs/."""
+"""``kimi docs patches`` and ``kimi docs layers``: the generated documentation under docs/."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true", help="only check that the file is current (exit 1 if not)")
     add_line(p, "line whose series to describe")
     p.set_defaults(func=cmd_patches)
+    p = cmds.add_parser(
+        "layers", help="the layers of kimi/ and the imports between them, in docs/architecture.md",
+        description="Write the generated part of docs/architecture.md: each unit of kimi/ (a top-level module or "
+                    "package) with its layer, its lines and the units it imports, read from the code "
+                    "(kimi/fork/layers.py), and the lines of the installed package and of its runtime part. With "
+                    "--check, write nothing and exit 1 when the part is not current.")
+    p.add_argument("--check", action="store_true", help="only check that the part is current (exit 1 if not)")
+    p.set_defaults(func=cmd_layers)
 
 
 def cmd_patches(args: argparse.Namespace, layout: Layout) -> int:
@@ -30,4 +38,15 @@ def cmd_patches(args: argparse.Namespace, layout: Layout) -> int:
         print(f"{patch_docs.check(layout, args.line).relative_to(layout.root)} is current")
     else:
         print(f"wrote {patch_docs.write(layout, args.line).relative_to(layout.root)}")
+    return 0
+
+
+def cmd_layers(args: argparse.Namespace, layout: Layout) -> int:
+    """``kimi docs layers [--check]``."""
+    from kimi.fork import layer_docs
+
+    if args.check:
+        print(f"{layer_docs.check(layout).relative_to(layout.root)}: the layers are current")
+    else:
+        print(f"wrote the layers into {layer_docs.write(layout).relative_to(layout.root)}")
     return 0

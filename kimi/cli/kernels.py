@@ -137,10 +137,10 @@ def cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
 def cmd_build_vllm(args: argparse.Namespace, layout: Layout) -> int:
     """``kimi kernels build-vllm``: plan, then (unless ``--dry-run``) configure and build; 1 when the plan has
     problems."""
-    from kimi.kernels import build, sources, vllm_build
+    from kimi.kernels import build, build_plan, sources, vllm_build
 
     root = (args.source_dir or layout.root).resolve()
-    plan = vllm_build.make_plan(
+    plan = build_plan.make_plan(
         root, args.subset, build.parse_archs(args.arch), build_dir=args.build_dir, jobs=args.jobs,
         per_job_gb=args.per_job_gb, python=args.python, build_type=args.build_type, install=args.install,
         line=args.line, cmake_args=args.cmake_arg, only=args.only, checkout=layout.root,
@@ -148,7 +148,7 @@ def cmd_build_vllm(args: argparse.Namespace, layout: Layout) -> int:
     if args.json and args.dry_run:
         print(json.dumps(plan.as_dict(), indent=2))
         return 1 if plan.problems else 0
-    print(vllm_build.render_plan(plan), flush=True)
+    print(build_plan.render_plan(plan), flush=True)
     if args.dry_run:
         return 1 if plan.problems else 0
     record = vllm_build.run(plan, configure_only=args.configure_only)

@@ -30,12 +30,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "geometry, 8-expert noaux_tc MoE, 8192 positions) on the reference tokenizer's stdlib corpus, "
                     "deterministic seeds, and write it in the DeepSeek-V3 checkpoint layout with a MANIFEST.json "
                     "(held-out loss included). --recipe h200-unlikelihood made the shipped target (models/pair/target) "
-                    "in a 410 s call on one H200; the cpu recipe is minutes on 2 cores and a weak model.")
+                    "on one H200 (benchmarks/results/logs/pair-unlikelihood-h200/); the cpu recipe is minutes on 2 "
+                    "cores and a weak model.")
     p.add_argument("out", nargs="?", type=Path, default=None,
                    help="folder to write (default: .kimi/models/trained/target)")
     p.add_argument("--recipe", choices=("cpu", "h200", "h200-unlikelihood"), default="cpu",
-                   help="training settings: cpu (minutes on 2 cores), h200 (next-token training only, the target "
-                        "shipped before 2026-12-04; CUDA) or h200-unlikelihood (the shipped target's: more code, "
+                   help="training settings: cpu (minutes on 2 cores), h200 (next-token training only, the former "
+                        "shipped target's; CUDA) or h200-unlikelihood (the shipped target's: more code, "
                         "then unlikelihood fine-tuning against greedy loops; CUDA); default: %(default)s")
     p.add_argument("--steps", type=positive_int, default=None, help="optimiser steps (default: the recipe's)")
     p.add_argument("--site-mb", type=positive_int, default=None,

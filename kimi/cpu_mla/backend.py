@@ -1,6 +1,6 @@
 """The fork's MLA attention backend for vLLM's CPU platform (``CPU_MLA``).
 
-Upstream vLLM 0.26.0 raises "MLA is not supported on CPU." (``vllm/platforms/cpu.py``), so no
+Upstream vLLM (the v0.26 line's release) raises "MLA is not supported on CPU." (``vllm/platforms/cpu.py``), so no
 DeepSeek-V3 / Kimi model runs without a GPU. Patch 0006 makes the CPU platform return this backend for
 MLA models. It plugs into vLLM's common MLA layer (``vllm/model_executor/layers/attention/mla_attention.py``):
 the layer projects queries into the latent space (``W_UK``), calls :meth:`CpuMLAImpl.forward_mqa`, and
@@ -124,7 +124,7 @@ class CpuMLAImpl(MLACommonImpl[MLACommonMetadata]):
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale,
                            skip_scale: bool = False) -> None:
         """Write ``kv_c_normed`` [T, kv_lora_rank] and ``k_pe`` [T, 1, rope] to their slots of ``kv_cache``
-        (``skip_scale``, vLLM 0.34.0's, is moot: the cache is never quantized here)."""
+        (``skip_scale``, the mainline's vLLM's, is moot: the cache is never quantized here)."""
         write_latent_cache(kv_c_normed, k_pe, kv_cache, slot_mapping)
 
     def forward_mqa(
@@ -173,7 +173,7 @@ class CpuMLABackend(MLACommonBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        """Any block size (vLLM 0.32.0 passes the KV cache spec, 0.26.0 nothing)."""
+        """Any block size (the v0.32 line's vLLM passes the KV cache spec, the v0.26 line's nothing)."""
         return [MultipleOf(1)]
 
     @classmethod

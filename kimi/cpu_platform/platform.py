@@ -62,11 +62,14 @@ def refusals(vllm_config: VllmConfig) -> list[str]:
     parallel = vllm_config.parallel_config
     stages, tp = parallel.pipeline_parallel_size, parallel.tensor_parallel_size
     if stages > 1 and vllm_config.speculative_config is not None:
+        from kimi.fork.release import upstream_release
+
         # tests/test_parallel.py: PP 2 without speculation and TP 2 with EAGLE-3 serve lossless here; PP 2 with EAGLE-3
         # stops in the first stage's first speculative step ("assert (num_scheduled_tokens_np >= num_logits)")
-        found.append(f"--pipeline-parallel-size {stages} with --speculative-config: vLLM 0.34.0's model runner stops "
-                     "in the first pipeline stage's first speculative step on this platform (not fixed yet); use "
-                     f"--tensor-parallel-size {tp * stages} with one stage, or leave out --speculative-config")
+        found.append(f"--pipeline-parallel-size {stages} with --speculative-config: vLLM {upstream_release()}'s model "
+                     "runner stops in the first pipeline stage's first speculative step on this platform (not fixed "
+                     f"yet); use --tensor-parallel-size {tp * stages} with one stage, or leave out "
+                     "--speculative-config")
     for role, model in (("target", vllm_config.model_config),
                         ("draft model", getattr(vllm_config.speculative_config, "draft_model_config", None))):
         method = getattr(model, "quantization", None)

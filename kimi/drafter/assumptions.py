@@ -1,15 +1,15 @@
-"""What vLLM 0.32.0 assumes about an EAGLE-3 drafter checkpoint, as data: one :class:`Assumption` per thing a
-checkpoint can get wrong, and the valid variants that must not be refused.
+"""What vLLM (the v0.32 line's release) assumes about an EAGLE-3 drafter checkpoint, as data: one :class:`Assumption`
+per thing a checkpoint can get wrong, and the valid variants that must not be refused.
 
-Each entry names what upstream reads (the field or tensor, the file and function of vLLM 0.32.0), what upstream
+Each entry names what upstream reads (the field or tensor, the file and function of that release), what upstream
 does when a checkpoint breaks it (:data:`OUTCOMES`), a way to break it in a copy of a good drafter folder
 (``lie``: edits ``config.json`` or ``model.safetensors`` in place), and the words ``kimi drafter inspect`` must
 say about that copy (``needle``; empty for a valid variant, which inspect must pass). ``refused`` says whether
-``vllm serve`` on the fork stops at start-up (:mod:`kimi.hooks.eagle3_drafter_checks`, before any weight
+``vllm serve`` on the fork stops at start-up (:mod:`kimi.drafter.serve_checks`, before any weight
 loads) or serves it (translated ids, a ``t2d`` vLLM never reads, a valid variant).
 :func:`assumption_table` runs inspect on every lying copy; ``docs/drafter-assumptions.md`` is the prose form.
 
-Sources (vLLM 0.32.0): ``model_executor/models/llama_eagle3.py`` (``Eagle3LlamaForCausalLM``, ``LlamaModel``,
+Sources (the v0.32 line's vLLM): ``model_executor/models/llama_eagle3.py`` (``Eagle3LlamaForCausalLM``, ``LlamaModel``,
 ``LlamaDecoderLayer``), ``deepseek_eagle3.py`` (``Eagle3DeepseekV2ForCausalLM``), ``models/utils.py``
 (``AutoWeightsLoader``), ``v1/spec_decode/llm_base_proposer.py`` (``load_model``, ``_maybe_share_embeddings``,
 ``_maybe_share_lm_head``), ``v1/worker/gpu_model_runner.py`` and ``v1/worker/gpu/spec_decode/eagle/`` (aux layer
@@ -48,7 +48,8 @@ Lie = Callable[[Path, Path], None]
 
 @dataclass(frozen=True)
 class Assumption:
-    """One assumption of vLLM 0.32.0 about a drafter checkpoint, or a valid variant (``needle == ""``).
+    """One assumption of vLLM (the v0.32 line's release) about a drafter checkpoint, or a valid variant
+    (``needle == ""``).
 
     Attributes:
         name: short name.
@@ -710,7 +711,7 @@ def assumption_table(drafter: Path, target: Path) -> list[dict]:
     Raises:
         KimiError: unreadable folders, or a drafter the lies cannot be written into (see :func:`make_copy`).
     """
-    from kimi.hooks.eagle3_drafter_checks import SERVE_BLOCKING
+    from kimi.drafter.serve_checks import SERVE_BLOCKING
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="kimi-assumptions-") as tmp:

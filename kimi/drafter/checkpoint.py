@@ -1,6 +1,6 @@
 """Read an EAGLE-3 drafter (or a target) checkpoint without loading its weights.
 
-``config.json`` is read as JSON. The weight files are the ones vLLM 0.32.0's default loader reads
+``config.json`` is read as JSON. The weight files are the ones vLLM's default loader reads
 (``DefaultModelLoader._prepare_weights``, ``vllm/model_executor/model_loader/default_loader.py``, load format
 ``auto``): the first of ``*.safetensors``, ``*.bin``, ``*.pt`` that matches any file; safetensors files
 filtered by ``model.safetensors.index.json`` where there is one; ``*.bin`` / ``*.pt`` without the training
@@ -77,7 +77,7 @@ _TORCH_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float6
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The weight files vLLM 0.32.0 loads from the folder ``path`` (see the module docstring); [] when none.
+    """The weight files vLLM loads from the folder ``path`` (see the module docstring); [] when none.
 
     Raises:
         KimiError: the safetensors index is unreadable or lists a file that is not there.

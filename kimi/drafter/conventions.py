@@ -7,7 +7,7 @@ in one of two conventions:
 * ``layer_input`` (vLLM): id ``k`` is the residual stream *entering* decoder
   layer ``k`` (equal to the output of layer ``k - 1``).  vLLM captures it in
   the target's layer loop, and id ``L`` is the output of the last layer
-  (captured after the loop since vllm#46973; 0.32.0 serves it), so valid ids
+  (captured after the loop since vllm#46973; the v0.32 line and later serve it), so valid ids
   are ``0 .. L``; its default is
   ``(2, L // 2, L - 3)``, i.e. ``(2, 30, 58)`` for a 61-layer Kimi-K2
   (``vllm/model_executor/models/interfaces.py``,
@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kimi.drafter.findings import Finding, finding
+from kimi.fork.release import upstream_release
 
 LAYER_INPUT = "layer_input"
 LAYER_OUTPUT = "layer_output"
@@ -198,7 +199,7 @@ def check_ids(ids: tuple[int, ...], num_layers: int, fc_states: int | None) -> l
 
 def conflicting_ids(config: dict, modelopt: bool = False) -> str:
     """Top-level and nested ``eagle_config`` ids that name different layers in vLLM's convention, in words ('' when
-    only one is written, a field is malformed, or both name the same layers). vLLM 0.32.0 reads the top-level ids
+    only one is written, a field is malformed, or both name the same layers). Upstream vLLM reads the top-level ids
     and ignores the nested ones without a word."""
     nested_cfg = config.get("eagle_config")
     top = _ids(config.get(IDS_FIELD))
@@ -211,7 +212,8 @@ def conflicting_ids(config: dict, modelopt: bool = False) -> str:
         return ""
     return (f"{served.where} {list(top)} ({served.convention}, vLLM ids {list(served.vllm_ids(None))}) and "
             f"{alone.where} {list(nested)} ({alone.convention}, vLLM ids {list(alone.vllm_ids(None))}) name "
-            "different layers: vLLM 0.32.0 serves the top-level ids and ignores the nested ones without a word")
+            f"different layers: vLLM {upstream_release()} serves the top-level ids and ignores the nested ones "
+            "without a word")
 
 
 #: One example config per rule of :func:`read_aux_ids`, in its order, and the rule in words.

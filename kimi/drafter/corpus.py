@@ -9,7 +9,7 @@ drafter). Each case is judged the way a user meets it:
 
 * ``inspect``: ``kimi drafter inspect`` against the target; refused when a finding would stop ``vllm serve``
   (``SERVE_BLOCKING``) or the checkpoint cannot be read;
-* ``hook``: the serve-time check itself (:func:`kimi.hooks.eagle3_drafter_checks.prepare_eagle3_drafter`), given
+* ``hook``: the serve-time check itself (:func:`kimi.drafter.serve_checks.prepare_eagle3_drafter`), given
   the target as vLLM's config describes it; it runs while vLLM builds its config, before any weight loads.
 
 A case's ``expected`` verdict is ``refused`` for a lie the entry says ``vllm serve`` stops, else ``served``.
@@ -112,7 +112,7 @@ def build(models: Path, dest: Path) -> list[Case]:
 def judge_inspect(case: Case) -> Verdict:
     """``kimi drafter inspect`` of the case against its target: refused when it names a finding that stops
     ``vllm serve`` or cannot read the checkpoint."""
-    from kimi.hooks.eagle3_drafter_checks import SERVE_BLOCKING
+    from kimi.drafter.serve_checks import SERVE_BLOCKING
 
     begin = time.monotonic()
     try:
@@ -138,7 +138,7 @@ def spec_config(drafter: Path, target: Path, max_model_len: int = 1024) -> Simpl
 def judge_hook(case: Case) -> Verdict:
     """The serve-time check (patch 0004's hook) on the case: refused when it raises ``DrafterConfigError``, whose
     message is what ``vllm serve`` prints. Needs the fork's venv (the hook logs through vLLM's logger)."""
-    from kimi.hooks.eagle3_drafter_checks import DrafterConfigError, prepare_eagle3_drafter
+    from kimi.drafter.serve_checks import DrafterConfigError, prepare_eagle3_drafter
 
     config = spec_config(case.drafter, case.target)
     begin = time.monotonic()

@@ -2,7 +2,7 @@
 
 The kinds decide who stops on a finding: ``kimi drafter convert`` (``CONVERT_BLOCKING`` in
 :mod:`kimi.drafter.inspect`) and ``vllm serve``'s start-up check (``SERVE_BLOCKING`` in
-:mod:`kimi.hooks.eagle3_drafter_checks`). A check that knows the remedy of its cause names it; the rest take
+:mod:`kimi.drafter.serve_checks`). A check that knows the remedy of its cause names it; the rest take
 the kind's fix from :data:`FIXES`.
 """
 

@@ -16,7 +16,7 @@ draft id ``i`` maps to target id ``i + d2t[i]``; ``t2d`` is a bool mask over
 the target vocabulary with one true entry per draft id (vLLM never reads it).
 The tensors are held against what vLLM builds from the config by
 :mod:`kimi.drafter.layout`; ``docs/drafter-assumptions.md`` lists every check
-with what vLLM 0.32.0 does without it.
+with what upstream vLLM does without it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from kimi.drafter.checkpoint import Checkpoint, read_config, text_config
 from kimi.drafter.conventions import LAYER_OUTPUT, AuxIds, check_ids, conflicting_ids, read_aux_ids
 from kimi.drafter.findings import Finding, finding
 from kimi.errors import KimiError
+from kimi.fork.release import upstream_release
 
 FORMATS = ("eagle3-llama", "speculators", "modelopt", "eagle3-mla")
 # (not ``use_aux_hidden_state``: SpecForge writes it too, configs/deepseek-v3-671b-eagle3.json)
@@ -116,7 +117,7 @@ class Report:
     """The result of an inspection; ``as_dict`` is the ``--json`` form.
 
     ``findings`` are the problems (:class:`~kimi.drafter.findings.Finding`: kind, problem, fix); ``notes`` say
-    where the fork serves the drafter otherwise than vLLM 0.32.0 would read it (translated or defaulted aux layer
+    where the fork serves the drafter otherwise than upstream vLLM would read it (translated or defaulted aux layer
     ids), which is not a problem.
     """
 
@@ -238,9 +239,9 @@ def _vocab_map(ckpt: Checkpoint, draft_vocab: int | None,
     if not info["d2t"]:
         if ckpt.has_weights and draft_vocab and target_vocab and draft_vocab < target_vocab:
             add("vocab", f"no d2t tensor but the draft vocabulary ({draft_vocab}) is smaller than the target's "
-                         f"({target_vocab}): vLLM 0.32.0 then maps every draft id i to target id i, without an "
-                         "error, and the drafts are wrong", "ship the drafter's d2t (int64 offsets, draft id i -> "
-                         "target id i + d2t[i]) as its training wrote it")
+                         f"({target_vocab}): vLLM {upstream_release()} then maps every draft id i to target id "
+                         "i, without an error, and the drafts are wrong",
+                "ship the drafter's d2t (int64 offsets, draft id i -> target id i + d2t[i]) as its training wrote it")
         info["summary"] = "absent" if ckpt.has_weights else "not read (no weight files)"
         return info, found
     d2t_info = ckpt.tensors["d2t"]
@@ -295,12 +296,13 @@ def _logits_width(vocab_map: dict, own_vocab: int | None, draft_vocab: int | Non
     top = vocab_map.get("max_target_id")
     if top is not None and top >= own_vocab and top < target_vocab:
         text = (f"d2t maps draft ids to target ids up to {top} but the drafter's vocab_size is {own_vocab}: vLLM "
-                "0.32.0 scatters the draft logits into a row of vocab_size and fails at the first draft step")
+                f"{upstream_release()} scatters the draft logits into a row of vocab_size and fails at the first draft "
+                "step")
         return [finding("vocab", text, f"set the drafter's vocab_size to the target's ({target_vocab})")]
     if not vocab_map.get("d2t") and draft_vocab == target_vocab:
         text = (f"the drafter's vocab_size {own_vocab} is not its draft vocabulary {draft_vocab} (the target's) "
-                "and there is no d2t: vLLM 0.32.0's compute_logits asserts vocab_size-wide logits and fails at the "
-                "first draft step")
+                f"and there is no d2t: vLLM {upstream_release()}'s compute_logits asserts vocab_size-wide logits and "
+                "fails at the first draft step")
         return [finding("vocab", text, f"set the drafter's vocab_size to {draft_vocab}")]
     return []
 
@@ -477,16 +479,16 @@ def inspect_checkpoint(ckpt: Checkpoint, target: Target | None, served_positions
 
 
 def architectures_findings(cfg: dict, fmt: str) -> list[Finding]:
-    """A malformed or missing ``architectures`` (a speculators config needs none): without one, vLLM 0.32.0 stops
+    """A malformed or missing ``architectures`` (a speculators config needs none): without one, upstream vLLM stops
     while it builds the draft config (``SpeculativeConfig.update_arch_``: "Model architectures [...] are not
     supported" and every class it has; ``hf_config_override``: a TypeError for an MLA config)."""
     fix = f"write architectures: [\"{default_architecture(cfg)}\"] in config.json (`kimi drafter convert` writes it)"
     if "architectures" in cfg and architectures(cfg) != cfg["architectures"]:
         return [finding("config", f"architectures must be a list of class names, not {cfg['architectures']!r}", fix)]
     if not architectures(cfg) and fmt != "speculators":
-        return [finding("architectures", "no architectures in config.json: vLLM 0.32.0 cannot pick the drafter class "
-                        "and stops with \"Model architectures [...] are not supported\", listing every class it has "
-                        "(an MLA config: a TypeError)", fix)]
+        return [finding("architectures", f"no architectures in config.json: vLLM {upstream_release()} cannot "
+                        "pick the drafter class and stops with \"Model architectures [...] are not supported\", "
+                        "listing every class it has (an MLA config: a TypeError)", fix)]
     return []
 
 
@@ -502,8 +504,9 @@ def _weight_findings(ckpt: Checkpoint) -> list[Finding]:
     if ckpt.opened and not ckpt.has_weights:
         others = f"; it holds {', '.join(ckpt.unread)}, which vLLM's loader does not read" if ckpt.unread else ""
         found.append(finding(
-            "weights", f"no weight file vLLM reads (*.safetensors, *.bin, *.pt) in {ckpt.path}{others}: vLLM 0.32.0 "
-                       "stops with \"Cannot find any model weights\" after the target's weights have loaded",
+            "weights", f"no weight file vLLM reads (*.safetensors, *.bin, *.pt) in {ckpt.path}{others}: vLLM "
+                       f"{upstream_release()} stops with \"Cannot find any model weights\" after the target's weights "
+                       "have loaded",
             "save the weights as model.safetensors (safetensors.torch.save_file(state_dict, ...)) beside config.json"
             if ckpt.unread else ""))
     if ckpt.duplicates:
@@ -512,14 +515,15 @@ def _weight_findings(ckpt: Checkpoint) -> list[Finding]:
         more = f" (and {len(ckpt.duplicates) - 3} more)" if len(ckpt.duplicates) > 3 else ""
         found.append(finding(
             "conflict", f"{len(ckpt.duplicates)} tensor(s) written in more than one weight file: {named}{more}: vLLM "
-                        "0.32.0 loads every copy in turn, so the last file's wins or the load stops on its shape",
+                        f"{upstream_release()} loads every copy in turn, so the last file's wins or the load stops on "
+                        "its shape",
             "delete the stale file, or list the shards to load in model.safetensors.index.json (vLLM then reads "
             "only those)"))
     return found
 
 
 def _id_notes(cfg: dict, aux: AuxIds, ids: tuple[int, ...] | None, target: Target | None) -> list[str]:
-    """Where the served aux ids differ from what vLLM 0.32.0 reads (``gpu_model_runner.py``,
+    """Where the served aux ids differ from what upstream vLLM reads (``gpu_model_runner.py``,
     ``_get_eagle3_aux_layers_from_config``: top-level ids, else nested ``eagle_config`` ids, literally; else
     ``(2, L // 2, L - 3)``, ``interfaces.py``), and a ``num_aux_hidden_states`` that the fork rewrites (the
     drafter classes size ``fc`` from it)."""
@@ -527,19 +531,19 @@ def _id_notes(cfg: dict, aux: AuxIds, ids: tuple[int, ...] | None, target: Targe
         return []
     stated = cfg.get("num_aux_hidden_states")
     if stated is not None and stated != len(ids):
-        text = (f"num_aux_hidden_states {stated!r} in config.json but {len(ids)} aux layer ids: vLLM 0.32.0 sizes "
-                f"the drafter's fc for {stated!r} states and stops with a shape error after loading; the fork "
-                f"writes {len(ids)}")
+        text = (f"num_aux_hidden_states {stated!r} in config.json but {len(ids)} aux layer ids: vLLM "
+                f"{upstream_release()} sizes the drafter's fc for {stated!r} states and stops with a shape error "
+                f"after loading; the fork writes {len(ids)}")
         return [text]
     if aux.convention == LAYER_OUTPUT:
         text = (f"aux layer ids {list(aux.written)} in {aux.where} are 'output of layer k' ({aux.evidence}): vLLM "
-                f"0.32.0 would capture the states entering layers {list(aux.written)}, one layer early, and lose "
-                f"the acceptance without an error; the fork serves them as {list(ids)}")
+                f"{upstream_release()} would capture the states entering layers {list(aux.written)}, one layer early, "
+                f"and lose the acceptance without an error; the fork serves them as {list(ids)}")
         return [text]
     if aux.written is None and target is not None:
         layers = target.num_layers
         upstream = [2, layers // 2, layers - 3]
-        same = "the same" if list(ids) == upstream else f"vLLM 0.32.0 takes {upstream}, which collide"
+        same = "the same" if list(ids) == upstream else f"vLLM {upstream_release()} takes {upstream}, which collide"
         text = (f"no aux layer ids in config.json: served with the defaults {list(ids)} for the {layers}-layer "
                 f"target ({same}); a drafter trained on other layers loses its acceptance without an error")
         return [text]

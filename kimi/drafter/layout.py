@@ -1,4 +1,4 @@
-"""The tensors vLLM 0.32.0's EAGLE-3 drafter classes build from a config, held against a checkpoint.
+"""The tensors vLLM's EAGLE-3 drafter classes build from a config, held against a checkpoint.
 
 Upstream loads a drafter's weights without asking whether they are all there: ``load_weights`` of
 ``Eagle3LlamaForCausalLM`` (``vllm/model_executor/models/llama_eagle3.py``) and of
@@ -11,7 +11,7 @@ drops without a word, names containing ``t2d`` (skipped), ``mask_hidden`` (the L
 warning) and ``input_norm.*`` where ``norm_before_fc`` is off (the Llama class maps it to nothing).
 
 Config fields missing from ``config.json`` take the defaults of the transformers config class that
-``model_type`` names (:data:`DEFAULTS`, transformers 5.19, the version vLLM 0.32.0 installs). Only the two
+``model_type`` names (:data:`DEFAULTS`, transformers 5.19, the version the v0.32 line's vLLM installs). Only the two
 layouts below are checked; quantized checkpoints and other classes are left to vLLM.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kimi.drafter.checkpoint import Checkpoint
 from kimi.drafter.findings import Finding, finding
+from kimi.fork.release import upstream_release
 
 #: ``model_type`` -> (config class, its defaults for the fields the drafter classes read).
 _LLAMA = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
@@ -233,7 +234,7 @@ def _stands_for(name: str, present: set[str]) -> bool:
 
 
 def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | None) -> list[Finding]:
-    """What vLLM 0.32.0 would get wrong loading ``ckpt``: (kind, sentence) pairs, kinds ``shape`` and ``vocab``.
+    """What upstream vLLM would get wrong loading ``ckpt``: (kind, sentence) pairs, kinds ``shape`` and ``vocab``.
 
     Checks (the two layouts of :data:`CLASSES`, unquantized checkpoints with weights; ``fc``,
     ``embed_tokens`` shapes and ``d2t`` / ``t2d`` values are inspect's): shapes against the config, naming
@@ -280,25 +281,26 @@ def findings(ckpt: Checkpoint, target_vocab: int | None, target_hidden: int | No
                   or name.endswith(("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached"))):
             unknown.append(written)
     out: list[Finding] = []
+    vllm = f"vLLM {upstream_release()}"
     if wrong:
-        out.append(finding("shape", _listed(wrong, "do not fit config.json") + ": vLLM 0.32.0 stops with a shape "
+        out.append(finding("shape", _listed(wrong, "do not fit config.json") + f": {vllm} stops with a shape "
                            "error after the target's weights have loaded", v.fix(wrong_reads)))
     if missing:
         said = _missing(missing, present, v)
-        out.append(finding("shape", said + ": vLLM 0.32.0 does not check an EAGLE-3 drafter for missing tensors and "
+        out.append(finding("shape", said + f": {vllm} does not check an EAGLE-3 drafter for missing tensors and "
                            "would serve them uninitialised",
                            "write num_hidden_layers as the number of decoder layers the checkpoint holds"
                            if "num_hidden_layers" in said else "ship the missing tensors from the drafter's training "
                            "checkpoint"))
     if unknown:
-        out.append(finding("shape", _listed(unknown, f"have no parameter in vLLM's {cls}") + ": vLLM 0.32.0 stops "
+        out.append(finding("shape", _listed(unknown, f"have no parameter in vLLM's {cls}") + f": {vllm} stops "
                            "loading there (\"There is no module or parameter named ...\"), after the target's "
                            "weights have loaded", "remove those tensors, or rename them to the parameter names "
                            f"{cls} has (`kimi drafter convert` renames speculators' layers.0.*)"))
     if dropped:
         flags = sorted({flag for flag in ("attention_bias", "mlp_bias", "norm_before_fc")
                         if any(flag in text for text in dropped)})
-        out.append(finding("shape", "; ".join(dropped) + ": vLLM 0.32.0 drops it without a word and the drafter "
+        out.append(finding("shape", "; ".join(dropped) + f": {vllm} drops it without a word and the drafter "
                            "runs without it", f"set {' / '.join(flags)} in config.json if the drafter was trained "
                            "with it, else remove the tensor"))
     return out + _head(ckpt, v, target_vocab, target_hidden)
@@ -308,12 +310,13 @@ def _head(ckpt: Checkpoint, v: Values, target_vocab: int | None,
           target_hidden: int | None) -> list[Finding]:
     """The vocabulary head and the embedding against what upstream shares from the target."""
     out = []
+    vllm = f"vLLM {upstream_release()}"
     draft_vocab, hidden = v["draft_vocab_size"], v["hidden_size"]
     head = ckpt.shape("lm_head.weight")
     reads = "draft_vocab_size, hidden_size"
     if head is not None and head != (draft_vocab, hidden):
         text = (f"lm_head.weight is {list(head)}, config.json gives [{draft_vocab}, {hidden}] ({reads})"
-                f"{v.why(reads)}: vLLM 0.32.0 stops with a shape error after the target's weights have loaded")
+                f"{v.why(reads)}: {vllm} stops with a shape error after the target's weights have loaded")
         fix = (f"write draft_vocab_size: {head[0]} (the lm_head's rows) in config.json if that is the draft "
                "vocabulary, else ship the lm_head made with it" if head[1:] == (hidden,) else v.fix([reads]))
         out.append(finding("shape", text, fix))
@@ -321,17 +324,17 @@ def _head(ckpt: Checkpoint, v: Values, target_vocab: int | None,
         return out
     if head is None and draft_vocab != target_vocab:
         text = (f"no lm_head.weight but a draft vocabulary of {draft_vocab} (the target's has {target_vocab}): "
-                f"vLLM 0.32.0 then puts the target's lm_head on the drafter and keeps its first {draft_vocab} rows "
+                f"{vllm} then puts the target's lm_head on the drafter and keeps its first {draft_vocab} rows "
                 "as the draft vocabulary, so the drafts are scored with the wrong rows, without an error")
         out.append(finding("vocab", text, f"ship the drafter's own lm_head.weight [{draft_vocab}, {hidden}]"))
     if "d2t" in ckpt.tensors and draft_vocab == target_vocab:
         text = (f"a d2t tensor although the draft vocabulary is the target's ({target_vocab}"
-                f"{v.why('draft_vocab_size')}): vLLM 0.32.0 builds no draft-to-target map then and stops loading "
+                f"{v.why('draft_vocab_size')}): {vllm} builds no draft-to-target map then and stops loading "
                 "at d2t (\"There is no module or parameter named 'draft_id_to_target_id'\")")
         out.append(finding("vocab", text, "remove d2t and t2d, or set draft_vocab_size to the lm_head's rows"))
     if "embed_tokens.weight" not in ckpt.tensors and target_hidden is not None and target_hidden != hidden:
         text = (f"no embed_tokens.weight and the drafter's hidden size {hidden} is not the target's "
-                f"{target_hidden}: vLLM 0.32.0 cannot share the target's embeddings and serves the drafter's "
+                f"{target_hidden}: {vllm} cannot share the target's embeddings and serves the drafter's "
                 "own, uninitialised")
         out.append(finding("shape", text, f"ship the drafter's embed_tokens.weight [vocab_size, {hidden}]"))
     return out

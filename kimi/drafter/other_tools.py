@@ -12,7 +12,7 @@
   not run here): our writer of its export layout, as read in ``specforge/export/to_sglang.py``,
   ``specforge/export/checkpoint_io.py``, ``specforge/modeling/draft/llama3_eagle.py``,
   ``specforge/data/preprocessing.py``, ``specforge/algorithms/model_providers.py`` and
-  ``configs/deepseek-v3-671b-eagle3.json`` (commit a6b6b02, 2026-08-08). The config is the training config
+  ``configs/deepseek-v3-671b-eagle3.json`` (commit a6b6b02). The config is the training config
   saved by transformers' ``LlamaConfig.save_pretrained`` (``architectures: [LlamaForCausalLMEagle3]``,
   ``draft_vocab_size``, ``dtype``, ``rope_parameters``) with ``rope_theta`` mirrored to the top level
   (``apply_legacy_rope_scaling``) and the ids nested as ``eagle_config.eagle_aux_hidden_state_layer_ids``

@@ -1,6 +1,6 @@
 """What an EAGLE-3 drafter was fed at each position, read inside a running engine, against what the target read.
 
-The check of issue 18: at an image position a multimodal target (Kimi-K2.5) reads the vision tower's merged
+The check: at an image position a multimodal target (Kimi-K2.5) reads the vision tower's merged
 embedding, and an EAGLE-3 drafter must read the same row, not the embedding of the placeholder token.  Two
 forward pre-hooks record the rows that were actually consumed, as float32 CPU copies:
 

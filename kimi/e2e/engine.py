@@ -128,9 +128,21 @@ def timed_greedy(llm, prompt_ids: list[list[int]], tokens: int) -> tuple[float, 
     return seconds, counted, [list(out.outputs[0].token_ids) for out in outputs]
 
 
+def close_engine(llm) -> None:
+    """Shut the in-process engine down and free what it held, so that the next engine of the process starts
+    clean (on a GPU: its memory and vLLM's distributed state)."""
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
+
+
 def model_runner(config) -> str:
     """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` serves with. vLLM 0.26 - 0.32 choose by
-    ``use_v2_model_runner``; 0.34.0 removed Model Runner V1 and the attribute with it (always ``"v2"``)."""
+    ``use_v2_model_runner``; the mainline's release removed Model Runner V1 and the attribute with it (always
+    ``"v2"``)."""
     return "v2" if getattr(config, "use_v2_model_runner", True) else "v1"
 
 

@@ -49,7 +49,7 @@ from kimi.fork.fsutil import decode, encode, publish_folder, write_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import Patch, load_series
-from kimi.fork.pin import Pin, load_pin
+from kimi.fork.pin import Pin, line_pin
 from kimi.fork.runtime import runtime_files
 
 STATE_DIR = ".kimi-fork"
@@ -417,7 +417,7 @@ def install_into(site: Path, line: str, *, check: bool = False, force: bool = Fa
     layout = layout or Layout.of()
     if not site.is_dir():
         raise KimiError(f"{site} is not a folder")
-    pin = load_pin(layout.line_dir(line) / "pin.json")
+    pin = line_pin(layout, line)
     if not uninstall:
         check_release(site, pin)
     else:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.errors import KimiError
+from kimi.fork.layout import Layout
 
 ARTIFACT_ROLES = ("sdist", "cuda_wheel", "cpu_wheel")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -120,3 +121,12 @@ def load_pin(path: Path) -> Pin:
         torch=field(raw, "torch", "pin", str),
         artifacts=artifacts,
     )
+
+
+def line_pin(layout: Layout, line: str) -> Pin:
+    """The pin of ``line``: ``kimi/lines/<line>/pin.json`` of ``layout``.
+
+    Raises:
+        KimiError: no such line, or its pin is malformed (as :func:`load_pin`).
+    """
+    return load_pin(layout.line_dir(line) / "pin.json")

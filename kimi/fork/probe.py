@@ -16,7 +16,7 @@ Each run also records the tests with the patch in place (``with_patch``): a test
 says nothing about absorption.  The report is ``.kimi/rebase/probe.json`` and ``probe.md``; it carries the last
 ``kimi upstream-tests`` comparison of the line on the same release (upstream's tests, pristine against patched).
 Each candidate, with its reason, also goes into the report of the rebase onto the release probed
-(:func:`kimi.fork.rebase.add_probe_candidates`).
+(:func:`kimi.fork.rebase_report.add_probe_candidates`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kimi.fork.candidates import passing_without
 from kimi.fork.fsutil import read_json_object, write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.patches import Patch, load_series
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.revert import reverted
 from kimi.fork.upstream_tests.report import load_summary, summary_markdown
 from kimi.log import say
@@ -93,7 +93,7 @@ def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | 
     Raises:
         KimiError: a name matches no patch; a patch's hunks are not in the laid tree (sync first).
     """
-    from kimi.fork.rebase import add_probe_candidates
+    from kimi.fork.rebase_report import add_probe_candidates
     from kimi.fork.state import SyncState
 
     state = SyncState.load(layout.state_file)
@@ -103,7 +103,7 @@ def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | 
     chosen = [p for p in series if not names or any(p.name == n or p.name.startswith(n) for n in names)]
     if names and len(chosen) == 0:
         raise KimiError(f"no patch matches {', '.join(names)} (series: {', '.join(p.name for p in series)})")
-    version = load_pin(layout.line_dir(state.line) / "pin.json").version
+    version = line_pin(layout, state.line).version
     results = []
     for patch in chosen:
         tests = probe_tests(patch)

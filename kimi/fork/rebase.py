@@ -51,23 +51,23 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork import index as pkgindex
 from kimi.fork.artifacts import obtain
-from kimi.fork.candidates import Candidate, deleted_targets, markdown, merged
-from kimi.fork.fsutil import read_json_object, sha256_file, staged_folder, write_atomic, write_json_atomic
+from kimi.fork.candidates import Candidate, deleted_targets
+from kimi.fork.fsutil import sha256_file, staged_folder, write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series, read_patch, write_patch
-from kimi.fork.pin import Artifact, Pin, load_pin
+from kimi.fork.pin import Artifact, Pin, line_pin
+from kimi.fork.rebase_report import rebase_dir, write_report
 from kimi.fork.state import SyncState
 from kimi.fork.sync import check_no_unrefreshed_edits, check_series_in_step
 from kimi.fork.tree import extract_sdist
-from kimi.fork.upstream_tests.report import load_summary, summary_markdown
+from kimi.fork.upstream_tests.report import load_summary
 from kimi.fork.workrepo import UPSTREAM_TAG, WorkRepo
 from kimi.log import say
 
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 _MARKERS = ("<<<<<<< ", "=======", ">>>>>>> ")
 _PIN_KEYS = ("line", "version", "fork_release", "torch", "artifacts")
-_RESUME = "Resolve the conflict markers in `.kimi/rebase/repo`, then `kimi rebase --continue` (or `--abort`)."
 
 
 @dataclass
@@ -111,11 +111,7 @@ class RebaseState:
 
 
 def _save(layout: Layout, state: RebaseState) -> None:
-    write_json_atomic(_dir(layout) / "state.json", asdict(state))
-
-
-def _dir(layout: Layout) -> Path:
-    return layout.private / "rebase"
+    write_json_atomic(rebase_dir(layout) / "state.json", asdict(state))
 
 
 def _new_pin(pin: Pin, version: str, from_dir: Path | None) -> dict:
@@ -272,7 +268,7 @@ def _replay(layout: Layout, state: RebaseState) -> bool:
     An interruption puts the repository back at the last finished patch and
     keeps the state, so ``--continue`` goes on and ``--abort`` drops it.
     """
-    repo = WorkRepo(_dir(layout) / "repo")
+    repo = WorkRepo(rebase_dir(layout) / "repo")
     patches_dir = layout.patches_dir(state.line)
     while state.pending:
         name, commit = state.pending[0]
@@ -320,92 +316,8 @@ def _report(layout: Layout, state: RebaseState, finished: bool) -> dict:
         "candidates": state.candidates, "upstream_tests": load_summary(layout, state.line),
         "patches": outcomes, "new_pin": state.new_pin,
     }
-    _write_report(layout, report)
+    write_report(layout, report)
     return report
-
-
-def _write_report(layout: Layout, report: dict) -> None:
-    write_atomic(_dir(layout) / "report.md", _render(report))
-    write_json_atomic(_dir(layout) / "report.json", report)
-
-
-def _last_report(layout: Layout, line: str) -> dict | None:
-    """The last rebase report of ``line``, or None.
-
-    Raises:
-        KimiError: the report is damaged (names the fix).
-    """
-    try:
-        report = read_json_object(_dir(layout) / "report.json")
-    except ValueError as exc:
-        raise KimiError(f"{exc}: remove it, or run the rebase (`--dry-run`) again") from None
-    return report if report and report.get("line") == line else None
-
-
-def add_probe_candidates(layout: Layout, line: str, version: str, found: list[Candidate]) -> bool:
-    """Put the probe's candidates (replacing an earlier probe's) into the report of the last rebase of ``line`` if
-    it went onto ``version``, the release probed; returns whether it did.
-
-    Raises:
-        KimiError: the report is damaged.
-    """
-    report = _last_report(layout, line)
-    if report is None or report["to"] != version:
-        return False
-    report["candidates"] = merged(report.get("candidates", []), found, "probe")
-    _write_report(layout, report)
-    return True
-
-
-def add_upstream_tests(layout: Layout, line: str, summary: dict) -> bool:
-    """Put the summary of a ``kimi upstream-tests`` run of ``line`` into the last rebase report of that line;
-    returns whether there was one.
-
-    Raises:
-        KimiError: the report is damaged.
-    """
-    report = _last_report(layout, line)
-    if report is None:
-        return False
-    report["upstream_tests"] = summary
-    _write_report(layout, report)
-    return True
-
-
-def _render(report: dict) -> str:
-    """report.md from the report's JSON form."""
-    rows = [f"# Rebase of `{report['line']}`: vLLM {report['from']} -> {report['to']}"
-            + (" (dry run)" if report["dry_run"] else ""), "",
-            f"Started {report['started']}; written {report['written']}; "
-            + ("finished." if report["finished"] else "stopped at a conflict."), "",
-            "| patch | outcome | files | conflict markers (line numbers) |", "|---|---|---|---|"]
-    for o in report["patches"]:
-        where = "; ".join(f"{f}: {', '.join(map(str, lines))}" for f, lines in o["conflicts"].items())
-        outcome = o["outcome"]
-        if outcome == "absorbed":
-            outcome = f"absorbed in {report['to']}" + (
-                f" (declared: absorbed in {o['declared']}; replay: {o['replay']})" if o.get("declared") else "")
-        elif o.get("resolved"):
-            outcome = "applied (conflict resolved)"
-        elif outcome == "ported":
-            outcome = f"ported (conflict resolved with `{o['port']}`)"
-        rows.append(f"| {o['name']} | {outcome} | {', '.join(o['files'])} | {where} |")
-    rows += markdown(report.get("candidates", []))
-    declared = [o for o in report["patches"] if o.get("declared")]
-    if declared:
-        rows += ["", "## Declared absorbed", "",
-                 ("Upstream fixed these its own way (the patch header's `Upstream: absorbed in ...`): a text merge "
-                  "cannot see that, so each patch is dropped on its header's word. The hunks below are the patch's "
-                  "changes the new release does not contain; run the tests against the new release to show that "
-                  "upstream's fix covers the patch's symptom.")]
-        for o in declared:
-            rows += ["", f"### {o['name']} (absorbed in {o['declared']}; replay: {o['replay']})", "",
-                     "Not in the new release:", *[f"- `{h}`" for h in o["remaining"] or ["(none)"]], "",
-                     "Verify with:", *[f"- `{t}`" for t in o["verify"] or ["(no tests named)"]]]
-    rows += ["", *summary_markdown(report.get("upstream_tests"))]
-    if not report["finished"] and not report["dry_run"]:
-        rows += ["", _RESUME]
-    return "\n".join(rows) + "\n"
 
 
 def _absorbed_entry(outcome: dict, target: str) -> dict:
@@ -428,7 +340,7 @@ def _pin_text(pin: dict) -> str:
 
 def _finish(layout: Layout, state: RebaseState) -> None:
     """Write the new pin and series beside the line's folder, then swap the folder in (all or nothing)."""
-    repo = WorkRepo(_dir(layout) / "repo")
+    repo = WorkRepo(rebase_dir(layout) / "repo")
     line_dir = layout.line_dir(state.line)
     patches_dir = line_dir / "patches"
     kept = repo.patch_commits()
@@ -465,7 +377,7 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
             in a dry run) a conflict - the report names it.
     """
     if not _VERSION.match(version):
-        raise KimiError(f"--to {version!r}: give a release version such as 0.33.0")
+        raise KimiError(f"--to {version!r}: give a release version X.Y.Z")
     with exclusive(layout.private):
         state = SyncState.load(layout.state_file)
         if state is None or state.failed or not layout.work.is_dir():
@@ -473,15 +385,15 @@ def rebase(layout: Layout, version: str, dry_run: bool = False, from_dir: Path |
         check_no_unrefreshed_edits(layout, state)
         check_series_in_step(WorkRepo(layout.work), state, layout.patches_dir(state.line), "rebase")
         load_series(layout.patches_dir(state.line))  # every header readable before anything starts
-        if (_dir(layout) / "state.json").is_file():
+        if (rebase_dir(layout) / "state.json").is_file():
             raise KimiError("a rebase is in progress: `kimi rebase --continue` or `kimi rebase --abort`")
-        pin = load_pin(layout.line_dir(state.line) / "pin.json")
+        pin = line_pin(layout, state.line)
         if version == pin.version:
             raise KimiError(f"the {state.line} line is already at vllm {version}")
         new_pin = _new_pin(pin, version, from_dir)
         sdist = obtain(Artifact("sdist", **new_pin["artifacts"]["sdist"]), layout.cache, from_dir)
-        shutil.rmtree(_dir(layout), ignore_errors=True)
-        repo_dir = _dir(layout) / "repo"
+        shutil.rmtree(rebase_dir(layout), ignore_errors=True)
+        repo_dir = rebase_dir(layout) / "repo"
         repo_dir.mkdir(parents=True)
         say(f"unpacking {sdist.name}")
         extract_sdist(sdist, repo_dir)
@@ -523,23 +435,24 @@ def _proceed(layout: Layout, state: RebaseState) -> dict:
             + ", ".join(f"{f} (markers at lines {', '.join(map(str, lines))})" if lines else
                         f"{f} (no markers: changed on one side, deleted on the other)"
                         for f, lines in conflict["files"].items())
-            + f"\n  resolve them in {_dir(layout) / 'repo'}, then `kimi rebase --continue`; or `kimi rebase --abort`"
-            + f"\n  report: {_dir(layout) / 'report.md'}"
+            + f"\n  resolve them in {rebase_dir(layout) / 'repo'}, then `kimi rebase --continue`; or "
+              "`kimi rebase --abort`"
+            + f"\n  report: {rebase_dir(layout) / 'report.md'}"
         )
     if not state.dry_run:
         _finish(layout, state)
-    (_dir(layout) / "state.json").unlink(missing_ok=True)
-    shutil.rmtree(_dir(layout) / "repo", ignore_errors=True)
+    (rebase_dir(layout) / "state.json").unlink(missing_ok=True)
+    shutil.rmtree(rebase_dir(layout) / "repo", ignore_errors=True)
     say(f"{'dry run: ' if state.dry_run else ''}{len(report['applied'])} applied, {len(report['ported'])} ported, "
         f"{len(report['absorbed'])} absorbed, "
          f"{len(report['conflicts'])} conflicts, {len(report['candidates'])} candidates for dropping; "
-         f"report: {_dir(layout) / 'report.md'}"
+         f"report: {rebase_dir(layout) / 'report.md'}"
          + ("" if state.dry_run else f"; run `kimi sync` to lay vllm {state.target}"))
     return report
 
 
 def _in_progress(layout: Layout) -> RebaseState:
-    path = _dir(layout) / "state.json"
+    path = rebase_dir(layout) / "state.json"
     if not path.is_file():
         raise KimiError("no rebase is in progress")
     try:
@@ -592,7 +505,7 @@ def rebase_continue(layout: Layout) -> dict:
     """
     with exclusive(layout.private):
         state = _in_progress(layout)
-        repo = WorkRepo(_dir(layout) / "repo")
+        repo = WorkRepo(rebase_dir(layout) / "repo")
         if state.outcomes and state.outcomes[-1]["outcome"] == "conflict" and not state.dry_run:
             _resolve(repo, state.outcomes[-1])
             if state.outcomes[-1]["outcome"] == "applied":
@@ -606,7 +519,7 @@ def rebase_continue(layout: Layout) -> dict:
 def rebase_abort(layout: Layout) -> None:
     """Drop the rebase in progress; the pin, the series and the laid tree are as they were."""
     with exclusive(layout.private):
-        if not (_dir(layout) / "state.json").is_file():
+        if not (rebase_dir(layout) / "state.json").is_file():
             raise KimiError("no rebase is in progress")
-        shutil.rmtree(_dir(layout))
+        shutil.rmtree(rebase_dir(layout))
         say("rebase aborted; nothing was changed")

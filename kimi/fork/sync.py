@@ -28,7 +28,7 @@ from kimi.fork.fsutil import read_exact, sha256_file
 from kimi.fork.layout import Layout
 from kimi.fork.lock import exclusive
 from kimi.fork.patches import load_series, split
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.state import SyncState
 from kimi.fork.tree import detect_edits, extract_sdist, lay, ours
 from kimi.fork.workrepo import WorkRepo
@@ -99,7 +99,7 @@ def sync(layout: Layout, line: str, from_dir: Path | None = None, force: bool = 
 
 
 def _sync(layout: Layout, line: str, from_dir: Path | None, force: bool) -> SyncState:
-    pin = load_pin(layout.line_dir(line) / "pin.json")
+    pin = line_pin(layout, line)
     series = load_series(layout.patches_dir(line))
     digests = {p.name: p.digest for p in series}
     sdist_artifact = pin.artifact("sdist")

@@ -87,7 +87,7 @@ class WorkRepo:
 
         Every file of the release is committed except :data:`GENERATED` (written again by every build), also
         files that upstream's ``.gitignore`` matches: a release ships sources its ignore rules happen to match
-        (0.34.0's ``mxfp4/rdna3_hip.py`` and the rule ``*_hip*``), and leaving them out breaks imports.
+        (the mainline's ``mxfp4/rdna3_hip.py`` and the rule ``*_hip*``), and leaving them out breaks imports.
         """
         repo = cls(path)
         repo.git("init", "-q", "-b", "work")

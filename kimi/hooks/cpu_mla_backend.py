@@ -5,7 +5,7 @@ scheduled token - prefill, chunked prefill, prefix-cache hits, decode, the ``1 +
 verification - takes one paged latent-attention path.
 
 ``CpuPlatform`` calls :func:`attention_backend` for MLA layers and asks :func:`serves` before it applies the
-rules of vLLM 0.32.0's own reference CPU MLA backend (``vllm/v1/attention/backends/mla/cpu_mla.py``: decode
+rules of the v0.32 line's own reference CPU MLA backend (``vllm/v1/attention/backends/mla/cpu_mla.py``: decode
 through ``mla_decode_kvcache``, SDPA prefill; block size 16, chunked prefill and prefix caching off). Upstream's
 AMX MLA backend stays reachable with ``--attention-backend AMX_MLA``. The v0.26 line (upstream raises "MLA is
 not supported on CPU") also calls :func:`configure`.
@@ -18,7 +18,7 @@ from typing import Any
 BACKEND = "kimi.cpu_mla.backend.CpuMLABackend"
 NO_PREFILL = "kimi.cpu_mla.backend.CpuMLANoPrefill"
 
-#: Attention backends of upstream's that the user may pick by name instead of the fork's (vLLM 0.32.0).
+#: Attention backends of upstream's that the user may pick by name instead of the fork's (the v0.32 line's vLLM).
 UPSTREAM_CHOICES = ("AMX_MLA",)
 
 
@@ -31,8 +31,8 @@ def attention_backend(selected_backend: Any = None) -> str | None:
     (``--attention-backend``; ``selected_backend`` is vLLM's ``AttentionBackendEnum`` member or None).
 
     Registers the fork's placeholder as vLLM's CUSTOM MLA prefill backend: the MLA layer builds a prefill
-    backend that the fork's builder never uses (every token is a decode token for it), and before 0.32.0 no
-    other one imports on CPU (:func:`configure` selects it there).
+    backend that the fork's builder never uses (every token is a decode token for it), and before the v0.32 line's
+    release no other one imports on CPU (:func:`configure` selects it there).
     """
     if _upstream_chosen(selected_backend):
         return None
@@ -47,7 +47,7 @@ def attention_backend(selected_backend: Any = None) -> str | None:
 
 def serves(vllm_config: Any) -> bool:
     """True when the fork's backend serves ``vllm_config``'s model (MLA, and the user did not choose one of
-    :data:`UPSTREAM_CHOICES`): vLLM 0.32.0's rules for its own reference CPU MLA - block size 16, chunked prefill
+    :data:`UPSTREAM_CHOICES`): the v0.32 line's rules for its own reference CPU MLA - block size 16, chunked prefill
     and prefix caching off - do not apply; the block size stays the platform's default (the fork's backend takes
     any, a Llama-style drafter beside it needs a multiple of 32)."""
     return bool(getattr(vllm_config.model_config, "use_mla", False)) and not _upstream_chosen(

@@ -2,8 +2,8 @@
 
 Reached through one hook call at the top of ``CpuPlatform.check_and_update_config`` (patch
 ``0016-cpu-quantization-check``): the model config and the parsed quantization config exist there, the engine, the
-model and its weights do not. Upstream 0.32.0 starts the engine and fails while the worker builds the model (or, for
-FP8 experts, after it has loaded every weight), with a kernel-selection error deep in its traceback;
+model and its weights do not. Upstream (the v0.32 line's vLLM) starts the engine and fails while the worker builds the
+model (or, for FP8 experts, after it has loaded every weight), with a kernel-selection error deep in its traceback;
 :func:`check_cpu_quantization` raises one error instead that names the quantization, what the host lacks and the fix.
 
 The decision is vLLM's own: the check describes the target's layers as vLLM's quantization methods would and asks
@@ -41,7 +41,7 @@ AMX_CPU = "AMX tiles (Intel Sapphire Rapids or newer)"
 BUILD_FAILS = "fail while building the model"
 LOAD_FAILS = "fail after loading every weight, with no FP8 MoE backend to prepare the experts for"
 
-#: Routing methods in words (``RoutingMethodType`` names of vLLM 0.32.0).
+#: Routing methods in words (vLLM's ``RoutingMethodType`` names).
 ROUTING_WORDS = {"DeepSeekV3": "DeepSeek-V3's router (DeepSeekV3 routing: grouped sigmoid top-k with a "
                                "score-correction bias)"}
 #: What the device probe of vLLM's CPU MoE experts classes asks for, in words.
@@ -147,7 +147,7 @@ def _raw_quantization(model_config: Any) -> dict:
 
 def _deepseek_text(model_config: Any) -> Any | None:
     """The text config of a DeepSeek-V2/V3-family decoder (``DeepseekV2Model``), else None."""
-    from kimi.hooks.eagle3_drafter_checks import DEEPSEEK_DECODERS
+    from kimi.drafter.serve_checks import DEEPSEEK_DECODERS
 
     text = model_config.hf_text_config
     return text if str(getattr(text, "model_type", "")) in DEEPSEEK_DECODERS else None

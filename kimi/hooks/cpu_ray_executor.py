@@ -1,9 +1,10 @@
 """vLLM's Ray executor on its CPU backend: one placement-group bundle per CPU worker, sized and bound as vLLM's
 multiprocessing executor binds that worker (patch ``0021-cpu-ray-executor``).
 
-Upstream 0.32.0 refuses Ray on CPU right after ``ray.init`` ("current platform cpu does not support ray":
-``CpuPlatform`` keeps the empty ``ray_device_key`` of ``Platform``; vllm#21602, closed as stale). The patch names
-Ray's ``CPU`` resource as the CPU platform's device and calls this module where a CPU worker differs from a GPU one:
+Upstream (the v0.32 line's vLLM) refuses Ray on CPU right after ``ray.init`` ("current platform cpu does not
+support ray": ``CpuPlatform`` keeps the empty ``ray_device_key`` of ``Platform``; vllm#21602, closed as stale). The
+patch names Ray's ``CPU`` resource as the CPU platform's device and calls this module where a CPU worker differs from
+a GPU one:
 
 * **How many CPUs a worker's bundle holds** (:func:`cpus_per_worker`). A GPU worker's bundle is one GPU. A CPU
   worker runs its OpenMP threads on a group of cores, chosen by ``VLLM_CPU_OMP_THREADS_BIND`` (``vllm/envs.py``):
@@ -84,9 +85,9 @@ def worker_cpus(vllm_config: Any, local_rank: int, local_world_size: int) -> lis
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     parallel = vllm_config.parallel_config
-    # vLLM 0.34.0's manager also reads the NUMA nodes assigned to the worker (assigned_physical_gpu_ids, which the
-    # Ray executor fills from Ray's accelerator ids: none on CPU, see accelerator_ids): an empty or absent list is
-    # None, every memory node this process may use (CPU_VISIBLE_MEMORY_NODES), as without Ray
+    # the mainline's vLLM: its manager also reads the NUMA nodes assigned to the worker (assigned_physical_gpu_ids,
+    # which the Ray executor fills from Ray's accelerator ids: none on CPU, see accelerator_ids): an empty or absent
+    # list is None, every memory node this process may use (CPU_VISIBLE_MEMORY_NODES), as without Ray
     assigned_nodes = getattr(parallel, "assigned_physical_gpu_ids", None) or None
     node = SimpleNamespace(  # the config as OMPProcessManager reads it, with this node's worker count
         parallel_config=SimpleNamespace(local_world_size=local_world_size,

@@ -1,4 +1,4 @@
-"""Hook of patch ``eagle3-adaptive-verification``: vLLM 0.34.0's adaptive verification for EAGLE-3 on an
+"""Hook of patch ``eagle3-adaptive-verification``: the mainline release's adaptive verification for EAGLE-3 on an
 eager engine (the torch-only CPU platform); the logic is :mod:`kimi.spec.adaptive`."""
 
 from __future__ import annotations

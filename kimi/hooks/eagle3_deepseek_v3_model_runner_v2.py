@@ -1,5 +1,5 @@
 """Which model runner a DeepSeek-V3 target with an EAGLE-3 drafter takes (patch
-``0013-eagle3-deepseek-v3-model-runner-v2``, vLLM 0.26.0 line; 0.32.0 takes V2 for every model itself).
+``0013-eagle3-deepseek-v3-model-runner-v2``, the v0.26 line; the v0.32 line's vLLM takes V2 for every model itself).
 
 ``VllmConfig._is_default_v2_model_runner_model`` asks :func:`takes_v2` first.  V2 captures the drafting loop
 (forward, logits, sampling) in CUDA graphs, where V1 runs each draft step as PIECEWISE graphs plus Python

@@ -3,7 +3,7 @@
 
 At an image position a multimodal target (Kimi-K2.5, ``KimiK25ForConditionalGeneration``) reads the vision
 tower's merged embedding, not the embedding of its placeholder token (``media_placeholder_token_id``).  Both
-of vLLM 0.32.0's model runners can hand those rows to a drafter: V1's proposer
+of the v0.32 line's model runners can hand those rows to a drafter: V1's proposer
 (``SpecDecodeBaseProposer.build_model_inputs_first_pass``, ``vllm/v1/spec_decode/llm_base_proposer.py``) and
 V2's speculator (``TargetDependentARSpeculator._run_model``,
 ``vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py``) call

@@ -16,7 +16,7 @@ keep upstream's full-vocabulary logits. ``KIMI_DRAFT_GREEDY`` picks the path: ``
 on CUDA when built, else torch), ``torch``, ``upstream`` (the hook is off), or ``check``: upstream's ids are
 used and the hook's are compared with them at every draft step (:class:`GreedyCheck`; V1 runner only).
 
-On by default since the H200 checks of 2026-11-30 (trained pair, bf16, CUDA graphs, k = 3, 64 requests): 39882
+On by default since the H200 checks (trained pair, bf16, CUDA graphs, k = 3, 64 requests): 39882
 draft rows compared, 0 mismatched (``benchmarks/results/logs/perf-run1``); later 228366 more on the pair and
 46080 on the Kimi slice, 0 mismatched (``benchmarks/results/logs/pair-0.26.0/perf_vs_upstream.md``). An earlier H200 run
 (``benchmarks/results/gpu_e2e-draft-greedy-*.md``) had seen EAGLE-3 output with the hook differ from the
@@ -31,6 +31,8 @@ import os
 from collections.abc import Callable
 
 import torch
+
+from kimi.fork.release import upstream_release
 
 MODE_ENV = "KIMI_DRAFT_GREEDY"
 MODES = ("auto", "torch", "upstream", "check")
@@ -95,14 +97,14 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
 
 
 def _v1_runner_fix() -> str:
-    """How to get vLLM's V1 model runner, where check mode runs: an environment variable up to vLLM 0.32, the v0.32
-    line of the fork since 0.34.0 removed that runner."""
+    """How to get vLLM's V1 model runner, where check mode runs: an environment variable where this vLLM has one,
+    else the fork's v0.32 line (later releases removed that runner)."""
     import vllm.envs
 
     if "VLLM_USE_V2_MODEL_RUNNER" in vllm.envs.environment_variables:
         return "set VLLM_USE_V2_MODEL_RUNNER=0"
-    return (f"this vLLM has no V1 model runner (0.34.0 removed it); run check mode on the fork's v0.32 line, "
-            f"or set {MODE_ENV}=auto")
+    return (f"this vLLM has no V1 model runner (none in {upstream_release()}); run check mode on the fork's v0.32 "
+            f"line, or set {MODE_ENV}=auto")
 
 
 class GreedyCheck:

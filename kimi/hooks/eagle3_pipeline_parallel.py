@@ -1,8 +1,8 @@
 """EAGLE-3 with pipeline parallelism on DeepSeek-V3 / Kimi targets, V1 model runner (patch
 ``0022-eagle3-pipeline-parallel``; the runner of vLLM's CPU backend).
 
-Upstream 0.32.0 cannot serve EAGLE-3 at ``pipeline_parallel_size > 1`` on these targets. The patch calls this
-module where a pipeline stage differs from the last one:
+Upstream (the v0.32 line's vLLM) cannot serve EAGLE-3 at ``pipeline_parallel_size > 1`` on these targets. The patch
+calls this module where a pipeline stage differs from the last one:
 
 * :func:`agreed_kv_cache_layouts`: the stages run different attention backends (only the last holds the drafter),
   so their supported KV cache layouts differ, and the engine core's ``resolve_kv_cache_layout`` asserted that they
@@ -169,7 +169,7 @@ def in_flight(batch_queue: Any) -> set[str]:
 def holds_target_embedding(target_language_model: Any) -> bool:
     """Whether the target on this pipeline stage has its input embedding (a last stage that keeps it for an EAGLE
     drafter, ``spec_decode_needs_target_embed``), which the drafter shares as on a single stage; without it vLLM
-    0.32.0's V1 drafter "loads its embedding separately" even when its checkpoint has none, and drafts from
+    the v0.32 line's V1 drafter "loads its embedding separately" even when its checkpoint has none, and drafts from
     uninitialised embeddings."""
     from vllm.model_executor.models.utils import PPMissingLayer
 

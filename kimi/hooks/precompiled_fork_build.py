@@ -36,37 +36,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from kimi.errors import KimiError
 from kimi.fork.artifacts import obtain
+from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import DEFAULT_LINE, Layout
-from kimi.fork.pin import Pin, load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.state import SyncState
-
-MODES = ("auto", "cpu", "cuda", "source", "torch")
-
-
-def cuda_present() -> bool:
-    """True where an NVIDIA driver is visible (``/proc/driver/nvidia`` or ``nvidia-smi``)."""
-    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
-
-
-def kernels_mode(requested: str | None = None, pin: Pin | None = None) -> str:
-    """``cpu``, ``cuda``, ``source`` or ``torch`` from ``requested`` or ``$KIMI_KERNELS``.
-
-    ``auto`` decides by :func:`cuda_present`: ``cuda`` with a driver, else ``cpu`` - or ``torch`` where
-    ``pin`` (the line's) has no ``cpu_wheel`` to borrow CPU kernels from.
-
-    Raises:
-        KimiError: not one of ``MODES``.
-    """
-    mode = (requested or os.environ.get("KIMI_KERNELS", "auto")).strip().lower()
-    if mode not in MODES:
-        raise KimiError(f"KIMI_KERNELS={mode!r} is not one of {', '.join(MODES)}")
-    if mode == "auto":
-        if cuda_present():
-            return "cuda"
-        return "cpu" if pin is None or "cpu_wheel" in pin.artifacts else "torch"
-    return mode
 
 
 def _extract_cpu_libraries(wheel: Path, root: Path) -> list[str]:
@@ -94,7 +68,7 @@ def configure_build(root: Path) -> None:
     """
     layout = Layout.of(root)
     state = SyncState.load(layout.state_file)
-    pin = load_pin(layout.line_dir(state.line if state else DEFAULT_LINE) / "pin.json")
+    pin = line_pin(layout, state.line if state else DEFAULT_LINE)
     mode = kernels_mode(pin=pin)
     if mode in ("source", "torch"):
         if mode == "torch":

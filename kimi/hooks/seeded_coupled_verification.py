@@ -35,8 +35,9 @@ Greedy and unseeded requests, requests without draft tokens this step (the plain
 batches with draft probabilities or synthetic acceptance are left to the ratio test. A request whose sample this step
 is discarded (a partial prefill, patch 0011) has no draft tokens. The hook's own draws leave the global random
 generators as they were (:func:`_global_rng_kept`), so unseeded requests get vLLM's tokens beside coupled ones.
-``KIMI_SEEDED_VERIFICATION=upstream`` turns the coupling off (the ratio test for every request, as vLLM 0.32.0
-does); a value it does not know fails when the rejection sampler is built (:func:`check_mode`).
+``KIMI_SEEDED_VERIFICATION=upstream`` turns the coupling off (the ratio test for every request, as upstream vLLM
+does); a value it does not know fails when the rejection sampler is built
+(:func:`kimi.spec.seeded_mode.check_mode`).
 
 The V2 model runner (the default on CUDA) has its own rejection sampler:
 :mod:`kimi.hooks.seeded_coupled_verification_v2`.
@@ -47,42 +48,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-MODE_ENV = "KIMI_SEEDED_VERIFICATION"
-MODES = ("coupled", "upstream")
+from kimi.spec.seeded_mode import check_mode, mode
+
+__all__ = ["CoupledVerification", "check_mode"]
 
 #: ``TopKTopPSampler.forward``: ``(logits [rows, vocab] float32, {row: generator}, top_k, top_p)`` ->
 #: ``(token ids [rows] int64, processed logits or None)``.
 RowSampler = Callable[..., tuple[torch.Tensor, Any]]
 
 _log = logging.getLogger(__name__)
-
-
-def mode() -> str:
-    """:data:`MODE_ENV`, ``coupled`` when unset.
-
-    Raises:
-        ValueError: a value not in :data:`MODES`.
-    """
-    value = os.environ.get(MODE_ENV, "coupled")
-    if value not in MODES:
-        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
-    return value
-
-
-def check_mode() -> None:
-    """At the rejection sampler's construction (the model runner's, before any weight loads): a bad
-    :data:`MODE_ENV` fails the engine's start with the message of :func:`mode`, not its first seeded step.
-
-    Raises:
-        ValueError: as :func:`mode`.
-    """
-    mode()
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ the token (``gumbel_sample``, ``vllm/v1/worker/gpu/sample/gumbel.py``), so witho
 tokens do not depend on the batch. But V2 verifies by a ratio test and resamples a rejected position from the residual
 distribution, so with EAGLE-3 the tokens follow the drafts. Here every logits row of a coupled request is sampled by
 ``gumbel_sample`` exactly as the plain sampler samples that position without speculation, and the drafts are compared
-with those samples. The same :data:`~kimi.hooks.seeded_coupled_verification.MODE_ENV` turns it off.
+with those samples. The same :data:`~kimi.spec.seeded_mode.MODE_ENV` turns it off.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kimi.hooks.seeded_coupled_verification import check_mode, mode
+from kimi.spec.seeded_mode import check_mode, mode
 
 __all__ = ["check_mode", "couple_v2", "coupled_requests_v2"]
 

@@ -4,7 +4,7 @@
 vLLM's model runner samples a token for every request in the batch, also for a request whose prompt is
 only partly prefilled this step (chunked prefill); that token is discarded. For a seeded request
 (``SamplingParams(seed=...)``, a per-request ``torch.Generator``) the draw must not count, or the request's
-output would depend on how the scheduler chunked its prompt. Upstream (0.26.0, still in 0.33.0) rewinds
+output would depend on how the scheduler chunked its prompt. Upstream (the v0.26 line's release and later) rewinds
 the generator with ``gen.set_offset(gen.get_offset() - 4)``: the Philox counter of a CUDA generator. A CPU
 generator (Mersenne Twister) has no offset, so on vLLM's CPU backend the first discarded seeded sample
 raises "RuntimeError: CPU Generator does not use offset" and the engine dies.

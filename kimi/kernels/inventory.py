@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi.errors import KimiError
-from kimi.kernels import build, sources
+from kimi.kernels import build, fill_sources, sources
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class SourcesReport:
     nvcc: Path | None
     cuobjdump: Path | None
     fetched: dict[str, str]
-    prepared: list[sources.Prepared]
+    prepared: list[fill_sources.Prepared]
     sources: list[sources.ExternalSource]
 
     @property
@@ -88,12 +88,12 @@ class SourcesReport:
 def prepare_sources(root: Path, cache: Path, *, fetch: bool = False, from_dir: Path | None = None,
                     force: bool = False, line: str | None = None) -> SourcesReport:
     """With ``fetch`` get a CUDA 13 cuobjdump when there is none; with ``fetch`` or ``from_dir`` fill
-    ``.kimi/sources`` (:func:`kimi.kernels.sources.prepare`); then report what is there."""
+    ``.kimi/sources`` (:func:`kimi.kernels.fill_sources.prepare`); then report what is there."""
     fetched = {}
     if fetch and build.find_cuobjdump() is None:
-        fetched["cuobjdump"] = str(sources.fetch_cuobjdump(root, cache))
+        fetched["cuobjdump"] = str(fill_sources.fetch_cuobjdump(root, cache))
     done = []
     if fetch or from_dir:
-        done = sources.prepare(root, fetch=fetch, from_dir=from_dir, cache=cache, force=force, line=line)
+        done = fill_sources.prepare(root, fetch=fetch, from_dir=from_dir, cache=cache, force=force, line=line)
     found = sources.external_sources(root)
     return SourcesReport(build.find_nvcc(), build.find_cuobjdump(), fetched, done, found)

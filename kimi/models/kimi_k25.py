@@ -1,7 +1,7 @@
 """The Kimi-K2.5 multimodal wrapper of the reference target: same text model, small random vision tower.
 
 Written in the layout of the released ``moonshotai/Kimi-K2.5`` checkpoint, which
-vLLM 0.26.0 loads as ``KimiK25ForConditionalGeneration``
+vLLM (from the v0.26 line's release) loads as ``KimiK25ForConditionalGeneration``
 (``model_executor/models/kimi_k25.py``, ``kimi_k25_vit.py``):
 
 * ``config.json``: ``model_type: kimi_k25`` with ``text_config`` (``model_type:
@@ -21,7 +21,7 @@ vLLM 0.26.0 loads as ``KimiK25ForConditionalGeneration``
 The vision config carries each size twice: under the released checkpoint's names
 (``vt_hidden_size``, ``vt_num_hidden_layers``, ...) and under the names vLLM's
 ``KimiK25VisionConfig`` reads (``hidden_size``, ``num_hidden_layers``, ...); vLLM
-0.26.0 ignores the ``vt_*`` names and would otherwise build its 1152-wide,
+ignores the ``vt_*`` names and would otherwise build its 1152-wide,
 27-layer default tower.
 """
 

@@ -43,7 +43,7 @@ TINY = replace(KIMI, hidden=256, heads=4, q_lora_rank=64, qk_nope_head_dim=32, v
 KIMI_FIELDS = {"routed_scaling_factor": 2.827, "rope_theta": 50000.0}
 
 #: Depth of the slice served with EAGLE-3 (one dense and three MoE layers, about 107 GB in bf16): the
-#: drafter reads the inputs of layers 1, 2 and 3. Id 0 (the embedding output) would crash upstream 0.26.0's
+#: drafter reads the inputs of layers 1, 2 and 3. Id 0 (the embedding output) would crash the v0.26 line's
 #: DeepSeek-V3 forward (``hidden_states + residual`` with no residual yet; fixed in the fork by patch 0010),
 #: and upstream runs the same drafter.
 SPEC_LAYERS = 4

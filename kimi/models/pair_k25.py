@@ -1,4 +1,4 @@
-"""``pair-k25``: the Kimi-K2.5 wrapper of the shipped pair's target with the trained vision tower (issue 18, item 3).
+"""``pair-k25``: the Kimi-K2.5 wrapper of the shipped pair's target with the trained vision tower.
 
 Two steps, each written atomically:
 

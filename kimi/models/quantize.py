@@ -1,4 +1,4 @@
-"""Quantized reference targets (issue 22): a bf16 DeepSeek-V3-architecture target rewritten in the two layouts our
+"""Quantized reference targets: a bf16 DeepSeek-V3-architecture target rewritten in the two layouts our
 users' checkpoints ship, so that EAGLE-3 can be tried on what is actually served.
 
 ``fp8-block``, as DeepSeek-V3/R1 and Kimi-K2 write it: every linear weight of the decoder layers except the MoE
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, default_mode, sha256_file, staged_folder, write_atomic
+from kimi.fork.release import upstream_release
 from kimi.log import sayer
 from kimi.models import OUTPUT_KEYS
 from kimi.models.tokenizer import copy_tokenizer_files
@@ -37,10 +38,10 @@ from kimi.models.tokenizer import copy_tokenizer_files
 SCHEMES = ("fp8-block", "int4-experts")
 #: DeepSeek-V3's and Kimi-K2's ``weight_block_size`` (both sides).
 FP8_BLOCK = 128
-#: The smallest ``block_k`` a GPU kernel of vLLM 0.32.0 takes for block-FP8 linear layers: CUTLASS and DeepGEMM take
-#: 128 x 128 blocks only, Triton's block GEMM (``w8a8_triton_block_scaled_mm``) steps through K one block at a time
-#: and Triton's FP8 ``tl.dot`` needs K >= 32 ("Input shapes should have M >= 1, N >= 1 and K >= 32"), and the
-#: Marlin fallback's repacking fails on 16 x 16 blocks (benchmarks/results/logs/quantized-h200*).
+#: The smallest ``block_k`` a GPU kernel of vLLM (the v0.32 line's release) takes for block-FP8 linear layers: CUTLASS
+#: and DeepGEMM take 128 x 128 blocks only, Triton's block GEMM (``w8a8_triton_block_scaled_mm``) steps through K one
+#: block at a time and Triton's FP8 ``tl.dot`` needs K >= 32 ("Input shapes should have M >= 1, N >= 1 and K >= 32"),
+#: and the Marlin fallback's repacking fails on 16 x 16 blocks (benchmarks/results/logs/quantized-h200*).
 GPU_MIN_BLOCK_K = 32
 #: Kimi-K2.5's INT4 group size (vllm#40357).
 INT4_GROUP = 32
@@ -79,18 +80,18 @@ def fp8_block_size(cfg: dict) -> tuple[int, int]:
 
 
 def fp8_gpu_refusal(block: tuple[int, int]) -> str | None:
-    """Why vLLM 0.32.0 cannot serve block-FP8 weights of ``block`` (``(block_n, block_k)``) on a GPU, or None.
+    """Why upstream vLLM cannot serve block-FP8 weights of ``block`` (``(block_n, block_k)``) on a GPU, or None.
 
     ``block_k`` is bounded from both sides: the activations are quantized in groups of ``block_k`` along every
     input width (``per_token_group_quant_fp8`` asserts whole groups), so it must divide the widths
     (:func:`fp8_block_size`), and the GEMMs need at least :data:`GPU_MIN_BLOCK_K`."""
     if block[1] >= GPU_MIN_BLOCK_K:
         return None
-    return (f"blocks of {block[1]} along K are below the {GPU_MIN_BLOCK_K} that vLLM 0.32.0's GPU block-FP8 GEMMs "
-            "need (Triton's FP8 dot takes K >= 32; CUTLASS and DeepGEMM take 128 x 128; the Marlin fallback fails "
-            "to repack them), and no larger block divides this target's input widths (the activations are "
-            "quantized in whole groups of the block): the checkpoint loads in transformers, but vLLM serves it "
-            "neither on a GPU nor (patch 0016 says why) on a CPU")
+    return (f"blocks of {block[1]} along K are below the {GPU_MIN_BLOCK_K} that vLLM {upstream_release()}'s GPU "
+            "block-FP8 GEMMs need (Triton's FP8 dot takes K >= 32; CUTLASS and DeepGEMM take 128 x 128; the "
+            "Marlin fallback fails to repack them), and no larger block divides this target's input widths (the "
+            "activations are quantized in whole groups of the block): the checkpoint loads in transformers, but vLLM "
+            "serves it neither on a GPU nor (patch 0016 says why) on a CPU")
 
 
 def int4_group_size(cfg: dict) -> int:

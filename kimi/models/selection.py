@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kimi.bench.quality import distinct_n, loop_share
 from kimi.errors import KimiError
+from kimi.models.quality import distinct_n, loop_share
 
-#: Prompts 17 to 32 of :func:`kimi.e2e.prompts.code_prompts` (other held-out files than the 16 that
+#: Prompts 17 to 32 of :func:`kimi.models.prompts.code_prompts` (other held-out files than the 16 that
 #: ``benchmarks/acceptance.py`` serves).
 SELECTION_PROMPTS = slice(16, 32)
 
@@ -27,7 +27,7 @@ SELECTION_TOKENS = 64
 
 @dataclass(frozen=True)
 class QualityBar:
-    """What a checkpoint's greedy completions must clear to be kept (issue O's gates, with a margin)."""
+    """What a checkpoint's greedy completions must clear to be kept (the reference pair's gates, with a margin)."""
 
     max_loop_share: float = 0.125
     min_distinct_2: float = 0.55
@@ -35,7 +35,7 @@ class QualityBar:
 
 def selection_prompt_ids(tokenizer) -> list[list[int]]:
     """The selection prompts as token ids of ``tokenizer`` (a ``tokenizers.Tokenizer``)."""
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     prompts = code_prompts(SELECTION_PROMPTS.stop)[SELECTION_PROMPTS]
     return [enc.ids for enc in tokenizer.encode_batch(prompts)]

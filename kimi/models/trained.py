@@ -39,8 +39,8 @@ from kimi.models.tokenizer import (
 )
 
 #: (qk_nope, qk_rope, v) head dims that vLLM's FLASH_ATTN MLA prefill takes on CUDA (``supports_mla_dimensions``
-#: in ``vllm/v1/attention/backends/mla/prefill/flash_attn.py``, the same set in 0.26.0 and 0.32.0); a target outside
-#: them runs on CPU, but no GPU engine starts ("No valid MLA prefill backend found").
+#: in ``vllm/v1/attention/backends/mla/prefill/flash_attn.py``, the same set in the v0.26 and v0.32 lines' releases); a
+#: target outside them runs on CPU, but no GPU engine starts ("No valid MLA prefill backend found").
 GPU_MLA_PREFILL_HEAD_DIMS = frozenset({(128, 64, 128), (192, 64, 256), (64, 64, 128)})
 
 #: Dimensions of the trained target (the shipped pair's, ``models/pair/target``): 6 layers 192 wide, 2 MLA heads
@@ -84,7 +84,7 @@ class TargetTraining:
     unlikelihood_weight: float = 1.0
 
 
-#: The recipe of the target shipped before 2026-12-04: one H200 (bf16 autocast), 390 s of training on the whole stdlib
+#: The recipe of the formerly shipped target: one H200 (bf16 autocast), 390 s of training on the whole stdlib
 #: corpus (2.9 M tokens of the host's Python 3.12). It memorises that corpus (5483 steps, ~124 epochs: corpus loss 0.84,
 #: held-out 4.13) and writes varied, plausible stdlib-style code. This recipe with ``site_bytes=150_000_000``
 #: (``--site-mb 150``) and a 360 s budget (58 M tokens, 5.4 epochs) generalises far better (held-out loss 2.32) but its
@@ -96,7 +96,7 @@ H200_TRAINING = TargetTraining(steps=12000, batch=64, seq_len=1024, lr=2e-3, war
                                threads=8, device="cuda", max_seconds=390.0, long_share=0.08,
                                corpus_bytes=40_000_000)
 
-#: The way out of that tension (issue O): the same 25 MB of installed packages' code for 170 s, then 190 s of
+#: The way out of that tension: the same 25 MB of installed packages' code for 170 s, then 190 s of
 #: sequence-level unlikelihood against greedy repeats (:mod:`kimi.models.unlikelihood`, weight 4). On one H200 it
 #: generalised (held-out 2.56) without looping: loop share 0.00 and distinct-2 0.60 on the selection prompts
 #: (benchmarks/results/logs/pair-unlikelihood-h200/README.md, target ``ul4b``); the same with 230 + 170 s sharing

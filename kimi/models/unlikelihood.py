@@ -6,7 +6,7 @@ earlier in that continuation is a negative candidate, and the loss ``-log(1 - p(
 probability down, while the usual next-token loss on training windows keeps the language model. The paper uses
 n = 4 and mixes both losses; here each update adds the two.
 
-Why the reference target needs it (issue O): trained on more than the stdlib, the 5.4 M-parameter target
+Why the reference target needs it: trained on more than the stdlib, the 5.4 M-parameter target
 generalises (held-out loss 2.3-2.7 against 4.1) but its greedy code ends in repeats (loop share 0.25-0.75,
 distinct-2 0.23-0.28; ``benchmarks/results/logs/pair-target-h200/README.md``), so a drafter's τ on it would
 measure loops.

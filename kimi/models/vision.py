@@ -1,4 +1,4 @@
-"""A trained vision tower for the Kimi-K2.5 wrapper of the shipped pair's target (issue 18, item 3).
+"""A trained vision tower for the Kimi-K2.5 wrapper of the shipped pair's target.
 
 The wrapper ``pair-k25`` reads images of one line of held-in standard-library code (a ``def`` header, rendered
 in Pillow's built-in font) and the frozen target should then continue as it does after the same line as text.

@@ -1,10 +1,11 @@
-"""A trained pair made wider without changing what it computes (issue 22): block-FP8 needs whole 128-wide blocks.
+"""A trained pair made wider without changing what it computes: block-FP8 needs whole 128-wide blocks.
 
-vLLM 0.32.0 serves block-FP8 DeepSeek-V3 checkpoints on a GPU with CUTLASS or DeepGEMM (128 x 128 blocks) and on an
-AMX CPU with its block GEMM (``[32n, 128]``); the activations are quantized in whole groups of ``block_k`` along every
-input width. The shipped pair's 192-wide residual stream, 64-wide ``q_lora_rank`` and 48-wide experts allow blocks
-of 16 at most, which no kernel takes (``kimi.models.quantize.fp8_gpu_refusal``). :func:`widen_pair` pads those
-widths with zeros to multiples of 128, so the widened pair computes what the shipped one does:
+vLLM (the v0.32 line's release) serves block-FP8 DeepSeek-V3 checkpoints on a GPU with CUTLASS or DeepGEMM (128 x 128
+blocks) and on an AMX CPU with its block GEMM (``[32n, 128]``); the activations are quantized in whole groups of
+``block_k`` along every input width. The shipped pair's 192-wide residual stream, 64-wide ``q_lora_rank`` and 48-wide
+experts allow blocks of 16 at most, which no kernel takes (``kimi.models.quantize.fp8_gpu_refusal``).
+:func:`widen_pair` pads those widths with zeros to multiples of 128, so the widened pair computes what the shipped one
+does:
 
 * every weight gets zero rows for padded outputs and zero columns for padded inputs, so the padded coordinates of
   every activation stay 0 (the embedding's padded columns are 0, every projection into a padded width writes 0,

@@ -1,4 +1,4 @@
-"""EAGLE-3 on DeepSeek-V2/V3, Kimi-K2 and Kimi-K2.5 targets inside vLLM (the origin line, vLLM 0.16.0).
+"""EAGLE-3 on DeepSeek-V2/V3, Kimi-K2 and Kimi-K2.5 targets inside vLLM (the origin line).
 
 Reached from vLLM through small hook patches of ``kimi/lines/origin/patches``:
 

@@ -9,7 +9,7 @@ returns ``(hidden_states, [aux_0, aux_1, aux_2])`` instead of
 ``hidden_states``, which is what vLLM's model runner expects from a target
 that implements ``SupportsEagle3``.
 
-Layout facts of vLLM 0.16.0 this relies on:
+Layout facts of the origin line's vLLM this relies on:
 
 * ids are global layer indices, so on a pipeline-parallel rank only the
   chosen layers it holds are captured (the states are not sent between
@@ -71,7 +71,7 @@ class Eagle3AuxLayers(SupportsEagle3):
 
     Needs ``self.config.num_hidden_layers`` and a ``self.model`` whose forward
     collects ``residual_stream`` for the ids in
-    ``self.model.aux_hidden_state_layers`` (DeepSeek-V2/V3 in vLLM 0.16.0
+    ``self.model.aux_hidden_state_layers`` (DeepSeek-V2/V3 in the origin line's vLLM
     with the fork's patch).
     """
 

@@ -1,6 +1,6 @@
 """Which targets can feed an EAGLE-3 drafter, and where a multimodal target keeps its image token id.
 
-vLLM 0.16.0 decides EAGLE-3 target support with a list of ``model_type``
+The origin line's vLLM decides EAGLE-3 target support with a list of ``model_type``
 substrings (``llama``, ``qwen``, ...), so ``kimi_k2`` / ``kimi_k25`` /
 ``deepseek_v3`` targets are refused even once their model classes provide
 the aux hidden states; and the drafter reads the image token id from

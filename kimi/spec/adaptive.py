@@ -1,6 +1,6 @@
-"""Adaptive verification for EAGLE-3 on vLLM 0.34.0's Model Runner V2, on upstream's machinery.
+"""Adaptive verification for EAGLE-3 on vLLM's Model Runner V2, on upstream's machinery.
 
-vLLM 0.34.0 already sizes a draft-token budget per step (``AdaptiveVerificationManager``,
+The mainline's vLLM already sizes a draft-token budget per step (``AdaptiveVerificationManager``,
 ``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py``): cost tables of draft and verification
 time, per-request survival probabilities from ``speculator.draft_token_confidence_probs``, the budget
 ``argmax(estimated accepted tokens / cost)``, 0 meaning that no draft is verified that step.  Every

@@ -1,7 +1,7 @@
 """Adaptive verification on ``/metrics``: the chosen draft budget per step, estimated against observed
 acceptance per draft position, and the draft back-off.
 
-The numbers travel the way vLLM 0.34.0's spec-decode counters do: the model runner's step summary
+The numbers travel the way vLLM's spec-decode counters do: the model runner's step summary
 (:class:`StepSummary`, made by :mod:`kimi.spec.watch`) rides on its ``ModelRunnerOutput``; the scheduler
 puts it in that step's ``SpecDecodingStats`` (field ``adaptive_verification``, a ``dict[str, list[float]]``
 so that the engine-core-to-frontend msgpack carries it; :func:`carry`); the frontend's ``SpecDecodingProm``

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from kimi.e2e.engine import tokenize
-from kimi.e2e.prompts import code_prompts
 from kimi.errors import KimiError
 from kimi.fork.fsutil import check_replaceable, copy_folder, write_atomic
 from kimi.models import OUTPUT_KEYS
+from kimi.models.prompts import code_prompts
 from kimi.models.shipped import pair_digests
 from kimi.models.trained import H200_TRAINING, TargetTraining, train_target
 from kimi.train.acceptance import served_acceptance

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> None:
             if not target:
                 raise KimiError("--drafter needs --target")
             from kimi.e2e.engine import tokenize
-            from kimi.e2e.prompts import code_prompts
+            from kimi.models.prompts import code_prompts
             from kimi.train.acceptance import served_acceptance
 
             served = served_acceptance(target, str(args.drafter), tokenize(target, code_prompts(args.prompts_count)),

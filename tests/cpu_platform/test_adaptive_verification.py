@@ -218,7 +218,7 @@ LOSSLESS = """
     import json
     from kimi.e2e.engine import tokenize, vllm_greedy
     from kimi.e2e.presets import CPU_EAGER
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
     ids = tokenize("{target}", code_prompts(3))
     engine = {{**CPU_EAGER, "max_num_seqs": 4}}
     plain = vllm_greedy("{target}", ids, 24, None, **engine)

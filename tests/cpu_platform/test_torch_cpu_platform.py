@@ -102,7 +102,7 @@ LOSSLESS = """
     import json
     from kimi.e2e.engine import tokenize, vllm_greedy
     from kimi.e2e.presets import CPU_EAGER
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
     ids = tokenize("{tokenizer}", code_prompts(3))
     plain = vllm_greedy("{target}", ids, 24, None, **CPU_EAGER)
     spec = {{"method": "eagle3", "model": "{drafter}", "num_speculative_tokens": 3}}

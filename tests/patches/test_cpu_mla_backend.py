@@ -21,7 +21,7 @@ pytestmark = pytest.mark.install
 _SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
     from kimi.e2e.engine import CPU_ENGINE, hf_greedy, parity, self_draft_model, tokenize, vllm_greedy
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     models, tokens = sys.argv[1], 12
     target = models + "/target"

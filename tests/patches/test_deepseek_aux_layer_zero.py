@@ -25,7 +25,7 @@ pytestmark = pytest.mark.install
 _SCRIPT = textwrap.dedent("""
     import json, sys
     from kimi.e2e.engine import CPU_ENGINE, tokenize, vllm_greedy
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     target, drafter = sys.argv[1], sys.argv[2]
     ids = tokenize(target, code_prompts(2))

@@ -68,7 +68,7 @@ _SCRIPT = textwrap.dedent("""
 
     default_loader.DefaultModelLoader.load_weights = counted
     from vllm import LLM, SamplingParams
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     prompts = code_prompts(3)[1:]  # 101 and 113 tokens: with the new ones past position 128
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)

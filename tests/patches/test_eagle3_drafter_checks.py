@@ -182,7 +182,7 @@ def test_pipeline_parallel_on_a_deepseek_target_passes_on_cpu_and_is_refused_els
     naming vLLM's two failures and the fix."""
     from vllm.platforms import current_platform
 
-    import kimi.hooks.eagle3_drafter_checks as checks
+    import kimi.drafter.serve_checks as checks
 
     target, drafter = trained_pair / "target", trained_pair / "drafter"
     assert parallel_config(target, drafter, pipeline_parallel_size=2, tensor_parallel_size=2) == {"pp": 2, "tp": 2}
@@ -207,7 +207,7 @@ def test_pipeline_parallel_on_a_deepseek_target_passes_everywhere_once_deepseek_
     with speculation itself, for now)."""
     from vllm.platforms import current_platform
 
-    import kimi.hooks.eagle3_drafter_checks as checks
+    import kimi.drafter.serve_checks as checks
 
     assert checks.deepseek_relays_aux_states()
     target, drafter = trained_pair / "target", trained_pair / "drafter"
@@ -261,7 +261,7 @@ def test_lm_head_quantization_is_refused_before_load_for_a_drafter_with_its_own_
     """vLLM 0.34.0's draft_lm_head_quantization quantizes the target's lm_head for a drafter that shares it, and
     finds out that the drafter does not only after both models load; the pair's drafter has its own head over 1536
     draft ids (target: 4096), so the check refuses the option while the config is built."""
-    import kimi.hooks.eagle3_drafter_checks as checks
+    import kimi.drafter.serve_checks as checks
     from kimi.drafter.corpus import spec_config
 
     config = spec_config(trained_pair / "drafter", trained_pair / "target")

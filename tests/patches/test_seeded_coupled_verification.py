@@ -222,7 +222,7 @@ _SCRIPT = textwrap.dedent("""
     from vllm import LLM, SamplingParams
     from kimi.e2e.engine import spec_metrics, tokenize
     from kimi.e2e.presets import CPU_EAGER
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
     from kimi.models import SHIPPED_PAIR
 
     target, drafter = str(SHIPPED_PAIR / "target"), str(SHIPPED_PAIR / "drafter")

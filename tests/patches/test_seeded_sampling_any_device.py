@@ -14,7 +14,7 @@ _SCRIPT = textwrap.dedent("""
     import json, sys
     from vllm import LLM, SamplingParams
     from kimi.e2e.engine import CPU_ENGINE, tokenize
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
 
     target = sys.argv[1]
     long = sum(tokenize(target, code_prompts(4)), [])[:300]  # one prompt of 300 tokens

@@ -1,4 +1,4 @@
-"""The library of ``benchmarks/gpu_e2e.py`` (issue C: EAGLE-3 with CUDA graphs, lossless check, counters,
+"""The library of ``benchmarks/gpu_e2e.py`` (EAGLE-3 with CUDA graphs, lossless check, counters,
 ``vllm serve``): the script's module docstring says what it measures and why.
 
 * :mod:`.plan`: reference models, prompts, the runs (jobs) and the profiles (``--small``, ``--cpu-smoke``);

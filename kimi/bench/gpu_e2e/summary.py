@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
-from kimi.bench.gpu_e2e.lanes import Run
 from kimi.bench.hardware import describe
 from kimi.bench.results import header, write_json, write_lines
 from kimi.fork.fsutil import write_atomic
+
+if TYPE_CHECKING:  # lanes.Run writes its results with write_results
+    from kimi.bench.gpu_e2e.lanes import Run
 
 #: A drafter run is lossless when at least this share of its sequences equals the baseline's; under
 #: ``VLLM_BATCH_INVARIANT=1`` every sequence must (a divergence is then a bug, not a bf16 near-tie).
@@ -144,7 +147,7 @@ def write_results(run: Run) -> dict:
     run.out.mkdir(parents=True, exist_ok=True)
     write_json(run.out / "gpu_e2e.json", summary)
     details = summary["device_details"]
-    lines = [*header("GPU end to end (issue C)", summary["command"], summary["date"]),
+    lines = [*header("GPU end to end", summary["command"], summary["date"]),
              f"- hardware: {summary['device']}, torch {details.get('torch')}, CUDA {details.get('cuda')}",
              f"- vLLM: {summary['vllm_version']}",
              (f"- CUDA graphs on in every run: {summary['cuda_graphs']}; {len(run.prompts)} prompts x "

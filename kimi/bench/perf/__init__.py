@@ -1,4 +1,4 @@
-"""The library of ``benchmarks/perf_vs_upstream.py`` (issue G: fork versus upstream vLLM on one GPU, with
+"""The library of ``benchmarks/perf_vs_upstream.py`` (fork versus upstream vLLM on one GPU, with
 EAGLE-3 and without speculation): the script's module docstring defines what is measured and why.
 
 * :mod:`.plan`: the engines of a call (models, variants, k, runners) and each one's environment;

@@ -1,6 +1,6 @@
 """perf_vs_upstream's numbers from the engines' results: one row per (model, concurrency, k) with the ratios and
 the ideal bound, the Kimi slice's projection to 61 layers at TP 8, greedy output against no speculation,
-issue G's goal, a call's summary, and the results of several calls joined."""
+the speed goal, a call's summary, and the results of several calls joined."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from kimi.bench.hardware import describe
 from kimi.bench.perf.plan import HELD_RUNNERS
 from kimi.models.kimi_slice import FULL_LAYERS, SPEC_LAYERS
 
-#: Goal of issue G: fork / upstream on the pair at k = 3 and c <= 16, and the floor everywhere.
+#: The speed goal: fork / upstream on the pair at k = 3 and c <= 16, and the floor everywhere.
 GOAL_PAIR_K3 = 1.10
 GOAL_FLOOR = 0.98
-#: Issue I's goal against upstream's current release: on the pair at k = 3, the median of the per-round ratios at
+#: The goal against upstream's current release: on the pair at k = 3, the median of the per-round ratios at
 #: least this at every concurrency, and no single round's ratio below GOAL_FLOOR.
 GOAL_MEDIAN = 1.00
 
@@ -183,7 +183,7 @@ def without_tokens(result: dict) -> dict:
 
 
 def goal(rows: list[dict]) -> dict:
-    """Issue G's goal over the rows not marked ``invalid``."""
+    """The speed goal (:data:`GOAL_PAIR_K3`, :data:`GOAL_FLOOR`) over the rows not marked ``invalid``."""
     rows = [r for r in rows if not r.get("invalid")]
     pair_k3 = [r["fork_vs_upstream"] for r in rows
                if r["model"] == "pair" and r["k"] == 3 and r["concurrency"] <= 16 and r["fork_vs_upstream"]]

@@ -81,7 +81,7 @@ def inputs(args: argparse.Namespace) -> tuple[list[list[int]] | None, dict[str, 
     """
     pair_prompts = slice_dirs = None
     if "pair" in args.models:
-        from kimi.e2e.prompts import code_prompt_ids
+        from kimi.models.prompts import code_prompt_ids
 
         if not (args.pair / "MANIFEST.json").is_file():
             raise KimiError(f"no trained pair in {args.pair} (python3 -m kimi models train-pair)")
@@ -142,14 +142,14 @@ def plan(args: argparse.Namespace, pair_prompts: list[list[int]] | None,
     return jobs
 
 
-#: A file of vLLM's Model Runner V1 that 0.34.0 deleted with the runner (its V1 engines refuse to start there).
+#: A file of vLLM's Model Runner V1, deleted upstream with the runner (where it is gone, V1 engines refuse to start).
 V1_RUNNER_FILE = Path("vllm/v1/worker/gpu_model_runner.py")
 
 
 def v1_runner_removed(site: Path | str | None) -> bool:
-    """True where ``site`` holds a ``vllm`` package without Model Runner V1 (vLLM >= 0.34.0), so that the engines held
-    on V1 (``--v1-ks``, the check engine) cannot run; False where it has V1 or holds no ``vllm`` folder (an editable
-    install: nothing to tell from the site)."""
+    """True where ``site`` holds a ``vllm`` package without Model Runner V1 (the mainline's release), so that the
+    engines held on V1 (``--v1-ks``, the check engine) cannot run; False where it has V1 or holds no ``vllm`` folder
+    (an editable install: nothing to tell from the site)."""
     if site is None or not (Path(site) / "vllm" / "v1").is_dir():
         return False
     return not (Path(site) / V1_RUNNER_FILE).is_file()
@@ -187,7 +187,7 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     # upstream's pristine `vllm` shadows the fork's; its dependencies come from the installed site
     sites = (args.upstream_site, args.fork_site) if upstream else (args.fork_site,)
     # then the caller's own path: on the GPU host it names the folders the kit's `.pth` files add (the CuTe DSL's
-    # `cutlass`, which vLLM 0.34.0 imports at every CUDA engine's start); a cold torch.compile of the pair costs
+    # `cutlass`, which the mainline's vLLM imports at every CUDA engine's start); a cold torch.compile of the pair costs
     # ~60 s of a ~90 s engine start on the H200
     env = worker_env([kimi_path(scratch), *sites, os.environ.get("PYTHONPATH")],
                      scratch / (cache or ("vllm-cache-upstream" if upstream else "vllm-cache-fork")))

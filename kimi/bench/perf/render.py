@@ -33,16 +33,16 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
     held = [h for h in HELD_RUNNERS if any(r.get(f"fork_{h}_tok_s") for r in summary["rows"])]
     hookoff = any(r.get("fork_hookoff_tok_s") for r in summary["rows"])
     settings, versions = summary["settings"], summary["versions"]
-    lines = [*header("Fork versus upstream vLLM on one GPU (issue G)", summary["command"], summary["date"]),
+    lines = [*header("Fork versus upstream vLLM on one GPU", summary["command"], summary["date"]),
              f"- hardware: {summary['device']}",
              (f"- vLLM: fork {versions.get('fork')}, upstream {versions.get('upstream')}; "
               f"fork greedy drafts: KIMI_DRAFT_GREEDY={settings['fork_greedy']}"),
              (f"- output tokens per request: {settings['tokens']} (pair), {settings.get('slice_tokens')} "
               f"(Kimi slice); greedy, c requests at once; best of {settings['reps']}"
               + pinned_words(settings.get("pinned"))),
-             (f"- goals: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16 (issue G, against 0.26.0); "
+             (f"- goals: fork/upstream >= {GOAL_PAIR_K3} on the pair at k = 3, c <= 16 (set on the v0.26 line); "
               f"median of the per-round fork/upstream >= {GOAL_MEDIAN} at every c on the pair at k = 3 and no round "
-              f"below {GOAL_FLOOR} (issue I): {summary['goal']}"), "",
+              f"below {GOAL_FLOOR}: {summary['goal']}"), "",
              ("| model | c | k | fork tok/s (runner) | upstream tok/s | no-spec tok/s | fork/upstream "
               "| median per round [95% CI] (min-max) rounds | fork/no-spec "
               "| tau | t_target ms | t_verify ms | t_draft ms (steps from / upstream) | ideal "

@@ -25,7 +25,7 @@ from kimi.fork.artifacts import obtain
 from kimi.fork.fsutil import write_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.patches import load_series
-from kimi.fork.pin import load_pin
+from kimi.fork.pin import line_pin
 from kimi.fork.probe import pytest_counts
 from kimi.fork.revert import reverted
 from kimi.fork.state import SyncState
@@ -46,7 +46,7 @@ def unpack_tests(layout: Layout, line: str, from_dir: Path | None = None) -> Pat
     Raises:
         KimiError: the pinned sdist cannot be obtained (cache, ``from_dir``, package index).
     """
-    pin = load_pin(layout.line_dir(line) / "pin.json")
+    pin = line_pin(layout, line)
     artifact = pin.artifacts["sdist"]
     dest = report_dir(layout) / pin.version
     stamp = dest / ".sdist-sha256"
@@ -118,13 +118,13 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     Raises:
         KimiError: the line is not synced, or the laid tree has edits not refreshed; no upstream test matches.
     """
-    from kimi.fork import probe, rebase
+    from kimi.fork import probe, rebase_report
 
     state = SyncState.load(layout.state_file)
     if state is None or state.failed:
         raise KimiError("upstream's tests run on a fully synced and installed line: `kimi sync`, then `kimi setup`")
     series = load_series(layout.patches_dir(state.line))
-    version = load_pin(layout.line_dir(state.line) / "pin.json").version
+    version = line_pin(layout, state.line).version
     where = unpack_tests(layout, state.line, from_dir)
     touched = touched_modules(series)
     selected = select_tests(where, touched, only)
@@ -149,7 +149,7 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     outcomes = {"pristine": pristine, "patched": patched}
     summary = write_report(layout, state.line, version, selected, touched,
                            {"pristine": pristine_runs, "patched": patched_runs}, outcomes, compare(pristine, patched))
-    for name, owner in (("rebase", rebase), ("probe", probe)):
+    for name, owner in (("rebase", rebase_report), ("probe", probe)):
         if owner.add_upstream_tests(layout, state.line, summary):
             say(f"added to the {name} report in {layout.private / 'rebase'}")
     return summary

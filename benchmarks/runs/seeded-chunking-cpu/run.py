@@ -1,5 +1,6 @@
 """Seeded sampling, each request alone, at a step budget: ``.venv/bin/python run.py spec|nospec BUDGET`` from the
-repository root writes ``MODE-BUDGET.json`` here (see README.md)."""
+repository root writes ``MODE-BUDGET.json`` into
+``benchmarks/results/logs/seeded-chunking-cpu/`` (see the README there)."""
 
 import json
 import sys
@@ -8,8 +9,11 @@ from pathlib import Path
 from vllm import LLM, SamplingParams
 
 from kimi.bench.torture import PromptPool
-from kimi.e2e.prompts import code_prompt_ids
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompt_ids
+
+#: Where this run's results are kept.
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "logs" / "seeded-chunking-cpu"
 
 
 def main() -> None:
@@ -25,7 +29,7 @@ def main() -> None:
                        SamplingParams(temperature=1.0, top_k=20, seed=13, max_tokens=48, ignore_eos=True)):
             done = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
             out.append(list(done[0].outputs[0].token_ids))
-    (Path(__file__).parent / f"{mode}-{budget}.json").write_text(json.dumps(out))
+    (RESULTS / f"{mode}-{budget}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

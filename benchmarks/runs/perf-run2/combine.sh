@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Rebuilds perf_vs_upstream.{json,md,png} in this folder (the issue-G table before patch 0013; the current one is
-# benchmarks/results/perf_vs_upstream.*, from logs/perf-run6/combine.sh) from the three result files of the H200 call of
+# Rebuilds perf_vs_upstream.{json,md,png} in benchmarks/results/logs/perf-run2 (the table before patch 0013; the
+# next one came from benchmarks/runs/perf-run6/combine.sh) from the three result files of the H200 call of
 # 2026-11-30 11:05 UTC (nvidia-h200-x2: the pair on GPU 0 with CPUs 0-15, the Kimi slice on GPU 1 with CPUs
 # 16-31, then the shallow slice on GPU 0). Run from the repository root. The device command was (carrying
 # .kimi/models/trained/{target,drafter,MANIFEST.json}, after the three kit calls):

@@ -1,6 +1,7 @@
-"""The exploratory run of README.md: the shipped pair, its widened copy and the widened target as block-FP8, each
+"""The exploratory run of ``benchmarks/results/logs/fp8-cpu-widened/README.md``:
+the shipped pair, its widened copy and the widened target as block-FP8, each
 without and with EAGLE-3 (k = 3), greedy on CPU in bf16, and the controls (the widened and the FP8 target without
-speculation, every request alone); writes res.json here. Run from the repository root in the
+speculation, every request alone); writes res.json there. Run from the repository root in the
 fork's venv after ``python3 -m kimi models widen /tmp/wide``."""
 
 import json
@@ -8,8 +9,11 @@ import time
 from pathlib import Path
 
 from kimi.e2e.engine import identical, tokenize, vllm_greedy
-from kimi.e2e.prompts import code_prompts
+from kimi.models.prompts import code_prompts
 from kimi.models.quantize import quantize_target
+
+#: Where this run's results are kept.
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "logs" / "fp8-cpu-widened"
 
 ENGINE = {"dtype": "bfloat16", "max_model_len": 1024, "kv_cache_memory_bytes": 512 << 20, "enforce_eager": True,
           "seed": 0}
@@ -40,7 +44,7 @@ def main() -> None:
         print(name, res[name], flush=True)
     for a, b in COMPARED:
         res[f"{a} vs {b}"] = identical(out[a], out[b])
-    Path(__file__).with_name("res.json").write_text(json.dumps(res, indent=1) + "\n")
+    (RESULTS / "res.json").write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":

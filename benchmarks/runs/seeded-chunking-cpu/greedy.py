@@ -1,5 +1,6 @@
 """Greedy EAGLE-3, each request alone, at a step budget: accepted draft tokens and drafts per prompt;
-``.venv/bin/python greedy.py BUDGET`` from the repository root writes ``greedy-BUDGET.json`` here."""
+``.venv/bin/python greedy.py BUDGET`` from the repository root writes ``greedy-BUDGET.json`` into
+``benchmarks/results/logs/seeded-chunking-cpu/``."""
 
 import json
 import sys
@@ -9,8 +10,11 @@ from vllm import LLM, SamplingParams
 
 from kimi.bench.torture import PromptPool
 from kimi.e2e.engine import spec_metrics
-from kimi.e2e.prompts import code_prompt_ids
 from kimi.models import SHIPPED_PAIR
+from kimi.models.prompts import code_prompt_ids
+
+#: Where this run's results are kept.
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "logs" / "seeded-chunking-cpu"
 
 
 def main() -> None:
@@ -29,7 +33,7 @@ def main() -> None:
         rows.append({"n": n, "accepted": after["num_accepted_tokens"] - before["num_accepted_tokens"],
                      "drafts": after["num_drafts"] - before["num_drafts"],
                      "tokens": list(done[0].outputs[0].token_ids)})
-    (Path(__file__).parent / f"greedy-{budget}.json").write_text(json.dumps(rows))
+    (RESULTS / f"greedy-{budget}.json").write_text(json.dumps(rows))
 
 
 if __name__ == "__main__":

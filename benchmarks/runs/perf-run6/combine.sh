@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuilds benchmarks/results/perf_vs_upstream.{json,md,png} (issue G) from the H200 calls of 2026-11-30
+# Rebuilds benchmarks/results/logs/pair-0.26.0/perf_vs_upstream.{json,md,png} from the H200 calls of 2026-11-30
 # 13:07-13:27 UTC on nvidia-h200-x2, with patches 0012 and 0013 (fork on vLLM's V2 model runner). Run from the
 # repository root (the PNG needs matplotlib: .venv/bin on PATH). The table is call 6's pair and slice, the
 # shallow slice of call 6 and the slice's patch-0009 check engine of call 5 (call 6 had no room for it).
