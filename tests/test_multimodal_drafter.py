@@ -208,6 +208,30 @@ def test_hook_leaves_text_targets_and_able_drafters_alone(logged: list, monkeypa
         take_target_embeddings(drafter, _config())
 
 
+def test_hook_takes_the_callers_reading_and_a_config_of_only_the_target(logged: list) -> None:
+    """The V2 speculator reads the target's ``supports_multimodal_inputs`` once and hands it over (upstream's
+    tests/v1/worker/test_gpu_target_dependent_ar_speculator.py counts the reads); upstream's tests also build the
+    speculator over a config holding only ``model_config``: the hook still decides and warns."""
+    from kimi.hooks.eagle3_drafter_image_embeddings import take_target_embeddings
+
+    reads = []
+
+    class Target:
+        @property
+        def supports_multimodal_inputs(self) -> bool:
+            reads.append(self)
+            return True
+
+    partial = types.SimpleNamespace(model_config=Target())
+    assert take_target_embeddings(_drafter("TextOnlyDrafter"), partial, target_supports_mm=True) is False
+    assert reads == []
+    [(level, message)] = logged
+    assert level == "warning" and "the drafter TextOnlyDrafter (?)" in message and "(unknown id)" in message
+    assert take_target_embeddings(_drafter("TextOnlyDrafter"), partial, target_supports_mm=False) is False
+    assert reads == [] and len(logged) == 1
+    assert take_target_embeddings(_drafter("TextOnlyDrafter"), partial) is False and len(reads) == 1
+
+
 def test_the_results_say_what_was_run() -> None:
     """benchmarks/results/multimodal.json, when recorded, carries what issue 18 asks a result to show."""
     path = Path(__file__).resolve().parents[1] / "benchmarks/results/multimodal.json"

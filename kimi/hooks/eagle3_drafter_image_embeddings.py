@@ -57,7 +57,7 @@ def _mode() -> str:
 
 def _row_widths(drafter: torch.nn.Module, vllm_config) -> tuple[int | None, int]:
     """(width of the drafter's input rows, width of the target's merged rows); the first None when unknown."""
-    spec = vllm_config.speculative_config
+    spec = getattr(vllm_config, "speculative_config", None)
     draft = spec.draft_model_config.get_inputs_embeds_size() if spec is not None else None
     return draft, vllm_config.model_config.get_inputs_embeds_size()
 
@@ -90,16 +90,19 @@ def why_not(drafter: torch.nn.Module, vllm_config) -> str | None:
     return None
 
 
-def take_target_embeddings(drafter: torch.nn.Module, vllm_config) -> bool:
+def take_target_embeddings(drafter: torch.nn.Module, vllm_config, *, target_supports_mm: bool | None = None) -> bool:
     """Let ``drafter`` (the built draft model) read the target's image embeddings at image positions.
 
     Reads ``KIMI_DRAFT_IMAGE_EMBEDS`` first, for every target (a bad value stops the start-up whatever the
-    model), then does nothing for a target without multimodal inputs or a drafter that already declares
-    ``supports_multimodal_embeddings``.  Otherwise, with ``KIMI_DRAFT_IMAGE_EMBEDS=auto`` and a drafter
-    :func:`why_not` accepts, sets ``drafter.embed_input_ids`` (merging) and
-    ``drafter.supports_multimodal_embeddings = True`` on the instance and logs it at INFO; else logs a WARNING
-    naming the drafter, that image positions are drafted from the placeholder token's embedding and that
-    acceptance on image prompts drops.
+    model), then does nothing for a target without multimodal inputs (``target_supports_mm``, as the caller
+    read it, so the target's ``model_config.supports_multimodal_inputs`` is asked once; None: asked here) or a
+    drafter that already declares ``supports_multimodal_embeddings``.  Only ``model_config`` of ``vllm_config``
+    is required: without a ``speculative_config`` (upstream's unit tests build speculators over partial
+    configs) the drafter's class alone names it in the messages.  Otherwise, with
+    ``KIMI_DRAFT_IMAGE_EMBEDS=auto`` and a drafter :func:`why_not` accepts, sets ``drafter.embed_input_ids``
+    (merging) and ``drafter.supports_multimodal_embeddings = True`` on the instance and logs it at INFO; else
+    logs a WARNING naming the drafter, that image positions are drafted from the placeholder token's embedding
+    and that acceptance on image prompts drops.
 
     Returns:
         True when the drafter reads the target's image rows after the call (given here or already able).
@@ -109,13 +112,15 @@ def take_target_embeddings(drafter: torch.nn.Module, vllm_config) -> bool:
     """
     mode = _mode()
     model_config = vllm_config.model_config
-    if not model_config.supports_multimodal_inputs:
+    if target_supports_mm is None:
+        target_supports_mm = model_config.supports_multimodal_inputs
+    if not target_supports_mm:
         return False
     if getattr(drafter, "supports_multimodal_embeddings", False):
         return True
     reason = "KIMI_DRAFT_IMAGE_EMBEDS=upstream" if mode == "upstream" else why_not(drafter, vllm_config)
-    draft_model = vllm_config.speculative_config.draft_model_config.model if vllm_config.speculative_config \
-        else "?"
+    spec = getattr(vllm_config, "speculative_config", None)
+    draft_model = spec.draft_model_config.model if spec is not None else "?"
     if reason is None:
         drafter.embed_input_ids = _merging_embed_input_ids(drafter)
         drafter.supports_multimodal_embeddings = True
@@ -132,7 +137,7 @@ def take_target_embeddings(drafter: torch.nn.Module, vllm_config) -> bool:
 
 def _placeholder(model_config) -> str:
     """The target's image placeholder token id as its config names it, or ``"(unknown id)"``."""
-    config = model_config.hf_config
+    config = getattr(model_config, "hf_config", None)
     for name in ("media_placeholder_token_id", "image_token_id", "image_token_index"):
         value = getattr(config, name, None)
         if value is not None:

@@ -184,6 +184,37 @@ def test_the_estimator_calibrates_over_confident_drafts_to_the_observed_acceptan
 # Config and engine
 
 
+@pytest.mark.parametrize("modes, refused", [
+    (None, True),  # no config (upstream's tests/v1/spec_decode/test_adaptive_verification.py): upstream's checks
+    ("FULL_AND_PIECEWISE", True),  # full graphs replayed: the backend must replay varlen batches
+    ("NONE", False),  # eager (the torch-only CPU platform): no graph to replay, no check
+])
+def test_the_manager_checks_varlen_graphs_only_where_full_graphs_replay(monkeypatch, modes, refused):
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from vllm.v1.worker.gpu.spec_decode import adaptive_verification as module
+
+    builder = SimpleNamespace(get_cudagraph_support=lambda *_: AttentionCGSupport.NEVER)
+    backend = type("NoGraphsBackend", (), {"supports_device_cpu_query_lens_mismatch": staticmethod(lambda: True)})
+    group = SimpleNamespace(layer_names=["target"], backend=backend, kv_cache_spec=None,
+                            get_metadata_builder=lambda _index: builder)
+    monkeypatch.setattr(module, "AdaptiveVerificationManager", lambda *_a, **_k: "made")
+    config = None if modes is None else SimpleNamespace(
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode[modes]))
+
+    def make():
+        return module.maybe_create_adaptive_verification_manager(
+            enable_adaptive_verification=True, attn_groups=[[group]],
+            req_states=SimpleNamespace(num_speculative_steps=3), query_start_loc=None, num_bonus_tokens=1,
+            max_total_logits=1, vllm_config=config, target_layer_names={"target"})
+
+    if refused:
+        with pytest.raises(ValueError, match="NoGraphsBackend allows none"):
+            make()
+    else:
+        assert make() == "made"
+
+
 CONFIG = """
     import json
     from vllm.engine.arg_utils import EngineArgs
