@@ -281,7 +281,7 @@ ENGINE = """
     import kimi.spec.adaptive
     from kimi.e2e.engine import tokenize, vllm_greedy
     from kimi.e2e.presets import CPU_EAGER
-    from kimi.e2e.prompts import code_prompts
+    from kimi.models.prompts import code_prompts
     from vllm.v1.metrics.reader import Histogram
 
     # a drafter whose drafts fail, confidently: its lm_head rows rolled by one, so each draft is the next id
