@@ -59,17 +59,6 @@ def refusals(vllm_config: VllmConfig) -> list[str]:
     if cache_dtype not in KV_CACHE_DTYPES:
         found.append(f"--kv-cache-dtype {cache_dtype}: a quantized KV cache needs vLLM's compiled CPU kernels; "
                      "leave it at auto")
-    parallel = vllm_config.parallel_config
-    stages, tp = parallel.pipeline_parallel_size, parallel.tensor_parallel_size
-    if stages > 1 and vllm_config.speculative_config is not None:
-        from kimi.fork.release import upstream_release
-
-        # tests/test_parallel.py: PP 2 without speculation and TP 2 with EAGLE-3 serve lossless here; PP 2 with EAGLE-3
-        # stops in the first stage's first speculative step ("assert (num_scheduled_tokens_np >= num_logits)")
-        found.append(f"--pipeline-parallel-size {stages} with --speculative-config: vLLM {upstream_release()}'s model "
-                     "runner stops in the first pipeline stage's first speculative step on this platform (not fixed "
-                     f"yet); use --tensor-parallel-size {tp * stages} with one stage, or leave out "
-                     "--speculative-config")
     for role, model in (("target", vllm_config.model_config),
                         ("draft model", getattr(vllm_config.speculative_config, "draft_model_config", None))):
         method = getattr(model, "quantization", None)
@@ -108,7 +97,8 @@ class TorchCpuPlatform(CpuPlatform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        """vLLM's CPU settings, then ``custom_ops=["none"]`` and eager mode.
+        """vLLM's CPU settings (async scheduling back on for pipeline parallelism with a drafter), then
+        ``custom_ops=["none"]`` and eager mode.
 
         Raises:
             ValueError: :func:`refusals` found something; the message lists each with its fix.
@@ -120,6 +110,14 @@ class TorchCpuPlatform(CpuPlatform):
         from vllm.config.compilation import CompilationMode, CUDAGraphMode  # imports the platform: not at the top
 
         super().check_and_update_config(vllm_config)
+        if vllm_config.parallel_config.pipeline_parallel_size > 1 and vllm_config.speculative_config is not None:
+            # vLLM's CPU platform turns async scheduling off. Without it the engine core hands the scheduler the
+            # drafts of a batch still in the pipeline's batch queue (EngineCore.post_step), the scheduler sends
+            # those requests again with one new token and a draft each, and the first stage's prepare_inputs
+            # asserts num_scheduled_tokens >= num_drafts + 1. The V2 runner's pipeline relay of sampled tokens and
+            # drafts (PPHandler) is made for async scheduling.
+            logger.info("torch-only CPU platform: async scheduling on (pipeline parallelism with speculative decoding)")
+            vllm_config.scheduler_config.async_scheduling = True
         compilation = vllm_config.compilation_config
         if compilation.custom_ops != ["none"]:
             logger.info("torch-only CPU platform: custom ops run their torch code (custom_ops=['none'])")
