@@ -203,18 +203,15 @@ def test_pipeline_parallel_on_a_deepseek_target_passes_on_cpu_and_is_refused_els
 def test_pipeline_parallel_on_a_deepseek_target_passes_everywhere_once_deepseek_relays_aux_states(
         trained_pair: Path, monkeypatch) -> None:
     """vLLM 0.34.0 with patch 0022: DeepseekV2Model joins the V2 runner's relay of aux states between stages, so the
-    check refuses EAGLE-3 with PP 2 on the DeepSeek-V3 target on no platform (the torch-only CPU platform refuses PP
-    with speculation itself, for now)."""
+    check refuses EAGLE-3 with PP 2 on the DeepSeek-V3 target on no platform: the config builds on this CPU (the
+    engines are in tests/test_parallel.py) and the check passes off CPU."""
     from vllm.platforms import current_platform
 
     import kimi.drafter.serve_checks as checks
 
     assert checks.deepseek_relays_aux_states()
     target, drafter = trained_pair / "target", trained_pair / "drafter"
-    # on this CPU the torch-only platform refuses PP with speculation (kimi/cpu_platform/platform.py), not the check
-    error = parallel_config(target, drafter, pipeline_parallel_size=2, tensor_parallel_size=2)["error"]
-    assert "--pipeline-parallel-size 2 with --speculative-config" in error
-    assert "EAGLE-3 with pipeline_parallel_size" not in error
+    assert parallel_config(target, drafter, pipeline_parallel_size=2, tensor_parallel_size=2) == {"pp": 2, "tp": 2}
     spec = _deepseek_pp_spec(target)
     checks.check_pipeline_parallel(spec)  # this CPU
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
@@ -234,10 +231,8 @@ def test_a_draft_tensor_parallel_size_the_target_does_not_allow_is_refused_by_vl
                                draft={"draft_tensor_parallel_size": allowed}) == {"pp": 1, "tp": 2}
 
 
-# the torch-only CPU platform of 0.34.0 refuses PP with speculation for now (tests/test_parallel.py)
-@pytest.mark.line("v0.32")
 def test_pipeline_parallel_on_a_llama_target_is_left_to_vllm(tmp_path: Path) -> None:
-    """vLLM 0.32.0's V2 runner relays a Llama target's aux states across stages (PR 50514): not refused."""
+    """The V2 runner relays a Llama target's aux states across stages (vLLM PR 50514): not refused."""
     target, drafter = pair(tmp_path, 8)
     assert parallel_config(target, drafter, pipeline_parallel_size=2) == {"pp": 2, "tp": 1}
 
