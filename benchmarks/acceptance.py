@@ -20,11 +20,11 @@ On a GPU host with the fork installed into an existing vLLM (``kimi install-into
    wrong layers must lose acceptance - the guard that the wiring is right.
 4. The completions of the ``-k`` run are judged (:mod:`kimi.models.quality`): ``loop_share`` (the second half
    repeats one n-gram to the end) and corpus-level ``distinct_2``; ``heldout_loss`` is the target's, from its
-   MANIFEST. ``gates`` checks them, tau and the guard's gap against :data:`kimi.bench.acceptance.GATES`.
+   MANIFEST. ``gates`` checks them, tau and the guard's gap against :data:`kimi_lab.bench.acceptance.GATES`.
 
 Writes ``acceptance.json``, ``acceptance.md`` and ``acceptance.png`` (per-position acceptance with the right and
 the shifted ids; where matplotlib is importable) to ``--out`` (default ``benchmarks/results``), each atomically.
-The pieces are ``kimi.bench.acceptance``. What it does not show: speed (``perf_vs_upstream.py``), and acceptance
+The pieces are ``kimi_lab.bench.acceptance``. What it does not show: speed (``perf_vs_upstream.py``), and acceptance
 on anything but greedy held-out stdlib code.
 """
 
@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kimi.bench.acceptance import chart, device_name, folder_mb, gates, load_pair, markdown
-from kimi.bench.results import stamp, utc_now, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.drafter.conventions import IDS_FIELD
 from kimi.e2e.engine import tokenize
 from kimi.errors import KimiError
@@ -49,6 +49,8 @@ from kimi.models.quality import MIN_TAIL, distinct_n, loop_share
 from kimi.train.acceptance import served_acceptance
 from kimi.train.engine import engine_settings, on_cuda
 from kimi.train.export import shifted_ids, with_ids
+from kimi_lab.bench.acceptance import chart, device_name, folder_mb, gates, load_pair, markdown
+from kimi_lab.bench.results import stamp, utc_now, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/adaptive.py [--python .venv/bin/python] [--models models/pair] \\
         [--prompts 4] [--tokens 32] [--k 3] [--rounds 2]
 
-Settings (``kimi.bench.adaptive.SETTINGS``): no speculation, EAGLE-3 with the pair's drafter at ``--k``, the same
+Settings (``kimi_lab.bench.adaptive.SETTINGS``): no speculation, EAGLE-3 with the pair's drafter at ``--k``, the same
 with ``enable_adaptive_verification``. Each round runs every setting once, in turns, each a fresh child process
 of ``--python`` (one engine, ``--prompts`` requests in one batch, ``max_num_seqs`` = ``--prompts``) that
 measures off-domain prompts (random token ids) and then in-domain ones (held-out code). Writes ``adaptive.json``
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,19 +40,19 @@ def main() -> int:
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:  # a child: the mainline's install
-        from kimi.bench.adaptive import measure
+        from kimi_lab.bench.adaptive import measure
 
         print(json.dumps(measure(**json.loads(args.measure))))
         return 0
     if not args.python.is_file():
         parser.error(f"--python: no interpreter at {args.python}; run python3 -m kimi setup")
     sys.path.insert(0, str(ROOT))
-    from kimi.bench.adaptive import SETTINGS, random_prompts, summarize
-    from kimi.bench.cpu_paths import run_child
-    from kimi.bench.hardware import cpu_name
-    from kimi.bench.results import header, stamp, write_json, write_lines
     from kimi.e2e.engine import tokenize
     from kimi.models.prompts import code_prompts
+    from kimi_lab.bench.adaptive import SETTINGS, random_prompts, summarize
+    from kimi_lab.bench.cpu_paths import run_child
+    from kimi_lab.bench.hardware import cpu_name
+    from kimi_lab.bench.results import header, stamp, write_json, write_lines
 
     target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
     vocab_size = json.loads((Path(target) / "config.json").read_text())["vocab_size"]

@@ -9,13 +9,13 @@ Run in the fork's venv (``python3 -m kimi setup`` makes it)::
 2. Lossless: greedy output with EAGLE-3 (Llama-style and MLA-style drafters, k = 1 and 3) against the
    output without speculation. The reference drafters have random weights and are rarely accepted, so
    a run with the target as its own draft model (k = 3) is added to exercise accepted tokens. Then the
-   Kimi-K2.5 wrapper with text and image requests, both drafter styles at k = 3 (``kimi.bench.multimodal``).
+   Kimi-K2.5 wrapper with text and image requests, both drafter styles at k = 3 (``kimi_lab.bench.multimodal``).
 3. Serve: ``vllm serve`` with the MLA drafter, 8 concurrent completion requests, then bad input (a prompt
    longer than max_model_len, a malformed JSON body) and one more request; a drafter whose hidden size
    does not match must stop the start-up with the fix named.
 
 Writes ``cpu_e2e.json`` and ``cpu_e2e.md`` to ``--out`` (default ``benchmarks/results``) and prints a table.
-The checks are ``kimi.bench.cpu_e2e``.
+The checks are ``kimi_lab.bench.cpu_e2e``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,20 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench.cpu_e2e import run_k25_lossless, run_lossless, run_parity, run_serve, run_wrong_drafter, write_results
-from kimi.bench.hardware import cpu_name
-from kimi.bench.results import stamp
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.e2e.engine import CPU_ENGINE, tokenize
 from kimi.models.prompts import code_prompts
+from kimi_lab.bench.cpu_e2e import (
+    run_k25_lossless,
+    run_lossless,
+    run_parity,
+    run_serve,
+    run_wrong_drafter,
+    write_results,
+)
+from kimi_lab.bench.hardware import cpu_name
+from kimi_lab.bench.results import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 

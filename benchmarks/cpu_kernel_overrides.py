@@ -18,14 +18,14 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "cpu_platform")]
+sys.path[:0] = [str(ROOT), str(ROOT / "lab"), str(ROOT / "tests"), str(ROOT / "tests" / "cpu_platform")]
 
 import pytest  # noqa: E402
 import test_kernel_overrides as t  # noqa: E402
 import torch  # noqa: E402
 
-from kimi.bench.hardware import cpu_name  # noqa: E402
-from kimi.bench.results import header, stamp, write_json, write_lines  # noqa: E402
+from kimi_lab.bench.hardware import cpu_name  # noqa: E402
+from kimi_lab.bench.results import header, stamp, write_json, write_lines  # noqa: E402
 
 
 class Timed:

@@ -5,7 +5,7 @@
 
 The first ``--path`` is the baseline. For each round and each path: no speculation, then EAGLE-3 with the
 pair's drafter at ``--k``; each measurement in a fresh child process of that path's python
-(``kimi.bench.cpu_paths``). Writes ``cpu_paths.json`` and ``cpu_paths.md`` to ``--out``.
+(``kimi_lab.bench.cpu_paths``). Writes ``cpu_paths.json`` and ``cpu_paths.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,16 +80,16 @@ def main() -> int:
         print(json.dumps(measure(**job)))
         return 0
     sys.path.insert(0, str(ROOT))
-    from kimi.bench.hardware import cpu_name
-    from kimi.bench.results import header, stamp, write_json, write_lines
+    from kimi_lab.bench.hardware import cpu_name
+    from kimi_lab.bench.results import header, stamp, write_json, write_lines
 
     if len(args.path) < 2:
         parser.error("give two or more --path NAME=PYTHON (the first is the baseline)")
     if len({name for name, _ in args.path}) != len(args.path):
         parser.error("--path names must differ")
-    from kimi.bench.cpu_paths import run_child, summarize
     from kimi.e2e.engine import tokenize
     from kimi.models.prompts import code_prompts
+    from kimi_lab.bench.cpu_paths import run_child, summarize
 
     target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
     prompt_ids = tokenize(target, code_prompts(args.prompts))

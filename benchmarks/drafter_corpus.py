@@ -4,10 +4,10 @@ Run in the fork's venv (``python3 -m kimi setup`` makes it)::
 
     .venv/bin/python benchmarks/drafter_corpus.py [--work DIR] [--no-engine] [--out benchmarks/results]
 
-Writes the reference models (``kimi models make``) and the corpus (:mod:`kimi.drafter.corpus`: every entry of
-``kimi/drafter/assumptions.py`` on copies of the shipped pair's drafter and the reference drafters, and the formats
-the fork writes) under ``--work`` (default: a temporary folder), then judges each drafter with ``kimi drafter
-inspect``, the serve-time check and vLLM's engine-config build (:mod:`kimi.bench.drafter_corpus`). Writes
+Writes the reference models (``kimi models make``) and the corpus (:mod:`kimi_lab.drafter.corpus`: every entry of
+``lab/kimi_lab/drafter/assumptions.py`` on copies of the shipped pair's drafter and the reference drafters, and the
+formats the fork writes) under ``--work`` (default: a temporary folder), then judges each drafter with ``kimi drafter
+inspect``, the serve-time check and vLLM's engine-config build (:mod:`kimi_lab.bench.drafter_corpus`). Writes
 ``drafter_corpus.json`` and ``drafter_corpus.md`` to ``--out``; exit status 1 when a verdict is not the expected one.
 """
 
@@ -18,12 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kimi.bench.drafter_corpus import run, summary, write_results
-from kimi.bench.hardware import cpu_name
-from kimi.bench.results import stamp
-from kimi.drafter.corpus import build
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.models import SHIPPED_PAIR
 from kimi.models.reference import make_reference_models
+from kimi_lab.bench.drafter_corpus import run, summary, write_results
+from kimi_lab.bench.hardware import cpu_name
+from kimi_lab.bench.results import stamp
+from kimi_lab.drafter.corpus import build
 
 ROOT = Path(__file__).resolve().parents[1]
 

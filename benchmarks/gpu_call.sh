@@ -5,7 +5,7 @@
 #
 # The kit (`bash benchmarks/gpu_kit.sh` builds it here in .kimi/gpu-kit-VERSION/, git-ignored: one byte stream
 # cut into chunk00.. of ~57 MiB, with MANIFEST.json) travels one chunk per call: each call's `carry` names
-# MANIFEST.json and one chunk (`python3 kimi/gpukit.py calls --kit .kimi/gpu-kit-VERSION` prints the calls).
+# MANIFEST.json and one chunk (`python3 lab/kimi_lab/gpukit.py calls --kit .kimi/gpu-kit-VERSION` prints the calls).
 # A call that does not complete the kit only stashes (about a second, no torch or vLLM import): it checks the
 # carried chunk's size and sha256 against the manifest (a bad chunk is REFUSED, named, and the call exits 2),
 # keeps it in /tmp/kitparts/KIT_ID, which survives between calls while the machine stays warm (~30 s: make the
@@ -44,7 +44,7 @@
 # KIMI_KIT_DIR (default: the one .kimi/gpu-kit*/ holding a MANIFEST.json); for a rehearsal elsewhere:
 # KIMI_KIT_STASH (/tmp/kitparts), KIMI_SITE (/tmp/site), KIMI_UPSTREAM_SITE (/tmp/upstream), KIMI_PAYLOAD_ROOT
 # (/tmp/kitpayload), KIMI_PYTHON (python3: pip, torch, vLLM), KIMI_KIT_PYTHON (python3, run with -S for
-# kimi/gpukit.py's stash and unpack), KIMI_KIT_CHECK_TORCH=0 (skip the torch check: a python without torch).
+# lab/kimi_lab/gpukit.py's stash and unpack), KIMI_KIT_CHECK_TORCH=0 (skip the torch check: a python without torch).
 set -uo pipefail
 SECONDS=0
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,7 +68,7 @@ finish() {
   note "exit $rc"
   exit "$rc"
 }
-gk() { "$kpy" -S "$root/kimi/gpukit.py" "$@"; }
+gk() { "$kpy" -S "$root/lab/kimi_lab/gpukit.py" "$@"; }
 
 # -- the carried kit: stash its chunk(s); install once complete ----------------------------------------------
 kit=${KIMI_KIT_DIR:-}
@@ -93,7 +93,7 @@ if [ -z "$kit" ]; then
     note "kit already installed in $site (sha256 ${installed_sha:0:16}; no MANIFEST.json carried)"
   else
     note "no kit carried (.kimi/gpu-kit*/MANIFEST.json) and none installed in $site: the machine is fresh or" \
-      "restarted. Carry MANIFEST.json and the chunks from chunk00 (python3 kimi/gpukit.py calls --kit .kimi/gpu-kit-VERSION)"
+      "restarted. Carry MANIFEST.json and the chunks from chunk00 (python3 lab/kimi_lab/gpukit.py calls --kit .kimi/gpu-kit-VERSION)"
     step stash 3; finish 3
   fi
 else
@@ -158,13 +158,14 @@ fi
 
 # -- environment (as ../shared/gpu/env.sh) -------------------------------------------------------------------
 # the site's vllm; kimi from this checkout (install-into copies only its runtime part, the hooks, into the site),
-# through a folder that holds nothing else, so that a laid vllm/ at the root (a rehearsal) cannot shadow the site's
+# through a folder that holds nothing else, so that a laid vllm/ at the root (a rehearsal) cannot shadow the site's;
+# the lab (kimi_lab) from lab/, which holds nothing else either
 mkdir -p /tmp/kimi-path && ln -sfn "$root/kimi" /tmp/kimi-path/kimi
 # and what the site's .pth files add: a --target folder on PYTHONPATH is no site directory, so Python reads none
 # of them (the CuTe DSL's nvidia_cutlass_dsl_packages.pth puts its dsl_packages/, where `cutlass` is, on the path)
 pth=$(cd /tmp && "$py" -S -c 'import site, sys; d = sys.argv[1]; before = list(sys.path); site.addsitedir(d)
 print(":".join(p for p in sys.path if p not in before and p != d))' "$site" 2>/dev/null)
-export PYTHONPATH=/tmp/kimi-path:$site${pth:+:$pth}${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/kimi-path:$root/lab:$site${pth:+:$pth}${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
@@ -199,7 +200,7 @@ print(torch.__version__, "cuda_available=%s" % ok, "cuda=%s" % torch.version.cud
   touch "$site/.kit-torch-ok"
 fi
 if [ $just_installed = 1 ]; then
-  "$py" "$root/kimi/gpukit.py" check-reqs --site "$site" --kit-json "$site/.kit.json" > "$out/logs/check-reqs.log" 2>&1
+  "$py" "$root/lab/kimi_lab/gpukit.py" check-reqs --site "$site" --kit-json "$site/.kit.json" > "$out/logs/check-reqs.log" 2>&1
   step check_reqs $?
   head -12 "$out/logs/check-reqs.log"
 fi

@@ -17,7 +17,7 @@ One call on the GPU host, after the kit and the fork are installed (``benchmarks
    (standard library HTTP), answers checked against the offline baseline, counters read from ``/metrics``.
 
 Engines run in worker processes ("lanes"; several at once on one GPU, each with a fixed KV cache and its own
-compile cache: ``kimi.bench.workers``), so a crash or a hang costs one run, not the call. After each run
+compile cache: ``kimi_lab.bench.workers``), so a crash or a hang costs one run, not the call. After each run
 ``gpu_e2e.json`` is rewritten, so a call stopped by its time limit still returns what finished. Runs that
 would not fit in ``--budget-s`` are skipped and listed. ``--cpu-smoke`` checks the same logic on a machine
 without a GPU (eager, float32, tiny counts); ``--small`` is the short form the GPU tests run.
@@ -26,7 +26,7 @@ Writes ``gpu_e2e.json``, ``gpu_e2e.md`` and ``logs/`` under ``--out`` (default `
 Exit status 0 when every check passed (lossless >= 90 % of sequences in every run, every sequence under
 ``VLLM_BATCH_INVARIANT=1``, where a divergence is a bug and not a bf16 near-tie; CUDA graphs on, the server
 answered), 1 otherwise. Needs ``kimi`` importable (the fork's venv, or a site made by ``kimi install-into``
-on ``PYTHONPATH``); the logic is ``kimi.bench.gpu_e2e``.
+on ``PYTHONPATH``); the logic is ``kimi_lab.bench.gpu_e2e``.
 """
 
 from __future__ import annotations
@@ -36,16 +36,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kimi.bench.gpu_e2e import job, log
-from kimi.bench.gpu_e2e.lanes import Run
-from kimi.bench.gpu_e2e.phases import run_phases
-from kimi.bench.gpu_e2e.plan import apply_profiles, ensure_models, prompt_max_len
-from kimi.bench.results import stamp
-from kimi.bench.workers import serve_jobs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.e2e.presets import GPU_E2E, GPU_E2E_CPU_SMOKE
 from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
 from kimi.models.prompts import code_prompt_ids
+from kimi_lab.bench.gpu_e2e import job, log
+from kimi_lab.bench.gpu_e2e.lanes import Run
+from kimi_lab.bench.gpu_e2e.phases import run_phases
+from kimi_lab.bench.gpu_e2e.plan import apply_profiles, ensure_models, prompt_max_len
+from kimi_lab.bench.results import stamp
+from kimi_lab.bench.workers import serve_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 

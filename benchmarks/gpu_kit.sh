@@ -7,12 +7,12 @@
 # LINE (kimi/lines/LINE; default KIMI_KIT_LINE, else the line whose pin.json names KIMI_KIT_VERSION, else the
 # mainline) gives VERSION (its pin's) and the series that `kimi install-into --line LINE` puts on the host
 # (kit.json's "line": gpu_call.sh reads it); the CUDA wheel downloaded is checked against the pin's sha256.
-# The kit's torch is the one the release's CUDA wheel requires (kimi/gpukit.py kit-torch), never the pin's
+# The kit's torch is the one the release's CUDA wheel requires (lab/kimi_lab/gpukit.py kit-torch), never the pin's
 # "torch", which is the line's CPU torch (the mainline: 2.13.0 on CPU, while 0.34.0's CUDA wheel wants 2.14.0).
 #
 # The kit is ONE byte stream (an uncompressed tar: kit.json, vllm.tar.xz, wheels/*.whl, payload/...) cut
 # into chunks, OUT_DIR/chunk00.., described by OUT_DIR/MANIFEST.json (chunk names, sizes, sha256s, the total
-# size and sha256, the vLLM and torch versions; kimi/gpukit.py writes and reads it). In it:
+# size and sha256, the vLLM and torch versions; lab/kimi_lab/gpukit.py writes and reads it). In it:
 #   - what the shared build_kit.sh makes for VERSION (KIMI_GPU_SCRIPTS, default ../shared/gpu beside the
 #     checkout or /work/shared/gpu): upstream's CUDA wheel (installed files, FA2 left out) and every wheel
 #     it needs that the host lacks by name;
@@ -20,7 +20,7 @@
 #     2.14.0): that torch (cp312 manylinux x86_64), the triton and nvidia-nccl-cu13 its wheel pins (the host's
 #     NCCL 2.28.9 lacks ncclCommResume) and the torchvision the release pins (the host's 0.26 is built for
 #     torch 2.11);
-#   - the wheels of host packages whose known host version misses a pin (kimi/gpukit.py HOST_VERSIONS), and of
+#   - the wheels of host packages whose known host version misses a pin (lab/kimi_lab/gpukit.py HOST_VERSIONS), and of
 #     host packages that a carried wheel breaks (HOST_REQUIRES: 0.34.0's huggingface-hub 2.x, transformers);
 #     pins on host packages of unknown version are listed in OUT_DIR/host-pins.txt and checked on the host
 #     when the kit is installed (logs/check-reqs.log);
@@ -42,11 +42,11 @@
 #   e.g. KIMI_KIT_VERSION=0.32.0 KIMI_KIT_TORCH=2.13.0 bash benchmarks/gpu_kit.sh
 #        bash benchmarks/gpu_kit.sh --line v0.32       (vLLM 0.32.0 + the 0.32.0 series, torch 2.13.0)
 #
-# It ends by printing the device calls to make (python3 kimi/gpukit.py calls --kit OUT_DIR prints them
+# It ends by printing the device calls to make (python3 lab/kimi_lab/gpukit.py calls --kit OUT_DIR prints them
 # again; --only chunk07,chunk08 for the ones a reply says are missing); see benchmarks/gpu_call.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-gk() { python3 "$root/kimi/gpukit.py" "$@"; }
+gk() { python3 "$root/lab/kimi_lab/gpukit.py" "$@"; }
 out="" payloads=() line=${KIMI_KIT_LINE:-}
 read -r -a payloads <<< "${KIMI_KIT_PAYLOADS:-}"
 while [ $# -gt 0 ]; do

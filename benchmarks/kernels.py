@@ -31,13 +31,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 import torch
 
-from kimi.bench.results import write_json
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
 from kimi.kernels import build
 from kimi.kernels import draft_head as dh
+from kimi_lab.bench.results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,10 +13,10 @@ against the target's (a whole prefill, prefix-cache hits ending inside and after
 splitting it, a chunk ending right before it), then greedy output with EAGLE-3 (k = 3) against the same engine
 without speculation (one image, two images in one request, a batch mixing text-only and image requests, an image
 crossing a chunk boundary). Writes ``multimodal.json`` and ``multimodal.md`` to ``--out`` (default
-``benchmarks/results``). The checks are ``kimi.bench.multimodal``.
+``benchmarks/results``). The checks are ``kimi_lab.bench.multimodal``.
 
 ``--tau`` measures instead the acceptance on image prompts with the target's image rows passed to the drafter
-against the placeholder's (``kimi.bench.image_acceptance``): the shipped pair's target wrapped with the trained
+against the placeholder's (``kimi_lab.bench.image_acceptance``): the shipped pair's target wrapped with the trained
 vision tower (``models/pair-vision``, assembled as ``kimi models pair-k25`` does) and ``models/pair/drafter``, k = 3,
 each mode in its own process; it adds the section ``image_acceptance`` to the existing results and keeps the rest
 (and a run of the checks keeps an existing ``image_acceptance``). Those models are fixed: ``--models`` and
@@ -34,12 +34,14 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import describe, device
-from kimi.bench.multimodal import drafter_inputs, lossless, sees_target_embeddings, settings, write_results
-from kimi.bench.results import stamp
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.cli.options import positive_int
 from kimi.errors import KimiError
 from kimi.fork.fsutil import read_json_object
+from kimi_lab.bench.hardware import describe, device
+from kimi_lab.bench.multimodal import drafter_inputs, lossless, sees_target_embeddings, settings, write_results
+from kimi_lab.bench.results import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,9 +124,9 @@ def earlier(out: Path) -> dict:
 
 def tau(args: argparse.Namespace, hardware: dict) -> int:
     """``--tau``: the image-acceptance section, merged into ``--out``'s existing multimodal.json."""
-    from kimi.bench.image_acceptance import measure_modes, summary
     from kimi.models import SHIPPED_PAIR
     from kimi.models.pair_k25 import SHIPPED_VISION, assemble, load_vision
+    from kimi_lab.bench.image_acceptance import measure_modes, summary
 
     begin = time.monotonic()
     work = ROOT / ".kimi/image-acceptance"

@@ -5,29 +5,29 @@ Run in the fork's venv (``python3 -m kimi setup`` makes it; ``python3 -m kimi mo
     .venv/bin/python benchmarks/parallel.py [--prompts 8] [--tokens 48] [-k 3]
 
 For the shipped trained pair (its Llama-style drafter) and the reference target with both drafter styles
-(Llama-style and MLA-style, random weights), every layout of ``kimi.bench.parallel.LAYOUTS`` (TP 1, TP 2, PP 2,
+(Llama-style and MLA-style, random weights), every layout of ``kimi_lab.bench.parallel.LAYOUTS`` (TP 1, TP 2, PP 2,
 TP 2 x PP 2, PP 3; vLLM's multiprocessing executor, gloo between the CPU workers, one CPU per worker, shared where
 there are more workers than CPUs) serves the same greedy prompts without speculation and with each drafter. Each
 run is compared with the target alone on one rank: greedy output identical, τ from vLLM's counters, start-up
 seconds. A layout the fork refuses before loading keeps the refusal's message in its row.
 
 ``--executors ray`` (issue 19; ``.venv/bin/python -m pip install ray`` first) runs the multi-worker layouts of
-``kimi.bench.parallel.RAY_LAYOUTS`` (TP 2, PP 2, TP 2 x PP 2) through vLLM's Ray executor
+``kimi_lab.bench.parallel.RAY_LAYOUTS`` (TP 2, PP 2, TP 2 x PP 2) through vLLM's Ray executor
 (``--distributed-executor-backend ray``; on CPU the fork's patch 0021) on a local Ray cluster that the run starts
-and stops with as many CPUs as the largest layout's placement group asks for (``kimi.bench.parallel.ray_cpus``),
+and stops with as many CPUs as the largest layout's placement group asks for (``kimi_lab.bench.parallel.ray_cpus``),
 or on the one ``RAY_ADDRESS`` names, compared with the target on one rank; ``--executors mp ray`` runs both.
 ``--targets pair`` leaves out the reference models. ``--merge`` keeps the rows of ``--out``'s ``parallel.json`` that
 this run does not redo, so that the Ray rows can be added alone::
 
     .venv/bin/python benchmarks/parallel.py --executors ray --targets pair --merge
 
-``--executors serve`` runs the layouts of ``kimi.bench.parallel.SERVE_LAYOUTS`` (PP 2) as ``vllm serve`` answering the
-prompts sent at once by the official ``openai`` client (server logs under ``--out``/logs/parallel)::
+``--executors serve`` runs the layouts of ``kimi_lab.bench.parallel.SERVE_LAYOUTS`` (PP 2) as ``vllm serve`` answering
+the prompts sent at once by the official ``openai`` client (server logs under ``--out``/logs/parallel)::
 
     .venv/bin/python benchmarks/parallel.py --executors serve --targets pair --merge
 
 Writes ``parallel.json`` and ``parallel.md`` to ``--out`` (default ``benchmarks/results``), both rewritten after each
-model; ``--render FILE`` rewrites them from a ``parallel.json``. The runs are ``kimi.bench.parallel``.
+model; ``--render FILE`` rewrites them from a ``parallel.json``. The runs are ``kimi_lab.bench.parallel``.
 """
 
 from __future__ import annotations
@@ -40,12 +40,22 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from kimi.bench.hardware import cpu_name
-from kimi.bench.parallel import boundary_drafter, executor, failure, local_ray, model_rows, ray_cpus, reference_drafters
-from kimi.bench.results import header, stamp, write_json, write_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.e2e.engine import tokenize
 from kimi.models import SHIPPED_PAIR
 from kimi.models.prompts import code_prompts
+from kimi_lab.bench.hardware import cpu_name
+from kimi_lab.bench.parallel import (
+    boundary_drafter,
+    executor,
+    failure,
+    local_ray,
+    model_rows,
+    ray_cpus,
+    reference_drafters,
+)
+from kimi_lab.bench.results import header, stamp, write_json, write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Under the header when there are Ray rows.

@@ -52,8 +52,8 @@ round and lists every round's rate in ``tok_s_rounds``). With ``--turns concurre
 each concurrency (fork, upstream and baseline rates at one c seconds apart, not a whole engine's turn apart);
 ``--rewarm-tokens N`` shortens the warm-up batch of every measurement after a concurrency's first. ``--pin``
 holds each engine to its own whole physical cores (``--pin cores``: every engine to one thread of each core; see
-``kimi.bench.hardware.cpu_groups``); ``--gpu-clocks`` samples the GPU's clocks meanwhile
-(``kimi.bench.hardware.gpu_clocks``). The Kimi
+``kimi_lab.bench.hardware.cpu_groups``); ``--gpu-clocks`` samples the GPU's clocks meanwhile
+(``kimi_lab.bench.hardware.gpu_clocks``). The Kimi
 slice's engines (about 107 GB each) always start one at a time. On a host with two GPUs, run one model per GPU
 (``CUDA_VISIBLE_DEVICES``) in two processes and join the results with ``--combine``.
 
@@ -68,12 +68,12 @@ Writes ``perf_vs_upstream.json``, ``perf_vs_upstream.md`` and ``perf_vs_upstream
 ``--out``; the JSON is rewritten after every engine, so a call stopped by its time limit keeps what finished.
 ``--pool A.json B.json ...`` joins calls of the same plan (the same engines measured again): each row's per-round
 ratios become every call's rounds. ``--noise A.json B.json ...`` writes how noisy each call's rounds are
-(``kimi.bench.perf.noise``). ``--chart-only FILE`` redraws the PNG and markdown from a JSON.
+(``kimi_lab.bench.perf.noise``). ``--chart-only FILE`` redraws the PNG and markdown from a JSON.
 ``--cpu-smoke`` runs the same logic on CPU (tiny slice, float32, eager, both variants on the fork) and writes
 under ``--out`` only; ``--no-chart`` leaves out the PNG (a device call returns few files: draw it from the
 combined JSON).
 Needs ``kimi`` importable (a site made by ``kimi install-into`` on ``PYTHONPATH``, the fork's venv, or
-``PYTHONPATH=.``); the logic is ``kimi.bench.perf``.
+``PYTHONPATH=.``); the logic is ``kimi_lab.bench.perf``.
 """
 
 from __future__ import annotations
@@ -86,12 +86,15 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import gpu_clocks
-from kimi.bench.perf import log, measure
-from kimi.bench.perf.analysis import combine, pool, summarize
-from kimi.bench.perf.noise import markdown, noise
-from kimi.bench.perf.orchestrate import run_all
-from kimi.bench.perf.plan import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
+from kimi.errors import KimiError
+from kimi_lab.bench.hardware import gpu_clocks
+from kimi_lab.bench.perf import log, measure
+from kimi_lab.bench.perf.analysis import combine, pool, summarize
+from kimi_lab.bench.perf.noise import markdown, noise
+from kimi_lab.bench.perf.orchestrate import run_all
+from kimi_lab.bench.perf.plan import (
     CONCURRENCY,
     PAIR_KS,
     SLICE_KS,
@@ -103,10 +106,9 @@ from kimi.bench.perf.plan import (
     turn_errors,
     v1_runner_removed,
 )
-from kimi.bench.perf.render import write_outputs
-from kimi.bench.results import stamp, write_json, write_lines
-from kimi.bench.workers import serve_jobs, site_errors
-from kimi.errors import KimiError
+from kimi_lab.bench.perf.render import write_outputs
+from kimi_lab.bench.results import stamp, write_json, write_lines
+from kimi_lab.bench.workers import serve_jobs, site_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,7 +160,8 @@ def parser() -> argparse.ArgumentParser:
                    help="join calls of the same plan into --out: every call's per-round ratios pooled per row")
     files.add_argument("--noise", type=Path, nargs="+", metavar="JSON",
                    help="how noisy the rounds of these calls are (their own perf_vs_upstream.json files; "
-                        "kimi.bench.perf.noise): perf_noise.md and .json under --out, a line per call and concurrency")
+                        "kimi_lab.bench.perf.noise): perf_noise.md and .json under --out, a line per call and "
+                        "concurrency")
     p.add_argument("--invalid", nargs="+", default=[], metavar="ENGINE=REASON",
                    help="with --combine: a fork engine whose rows do not count, and why")
     p.add_argument("--note", action="append", default=[],

@@ -10,13 +10,13 @@ The pair (``--pair``, default the shipped one) is first widened to 128-multiple 
 its target is rewritten as block-FP8 and as INT4 routed experts (``kimi models quantize``, into ``--scratch``), and
 served with the widened pair's drafter (trained on the bf16 target) at k = 3 with vLLM's defaults
 (torch.compile, CUDA graphs for the measured batch sizes), prefix caching off. The variants
-(``kimi.bench.quantized.VARIANTS``): the three weight layouts with ``nospec``, ``fork_k3`` and ``upstream_k3``;
+(``kimi_lab.bench.quantized.VARIANTS``): the three weight layouts with ``nospec``, ``fork_k3`` and ``upstream_k3``;
 an FP8 KV cache on the bf16 target (all three engines) and on the FP8 target (``nospec`` and ``fork_k3``); the FP8
 target with an FP8 KV cache and the drafter's own bf16 KV cache on Triton attention (``speculative_config``
 ``kv_cache_dtype`` / ``attention_backend``; ``fork_k3`` against the previous variant's ``nospec``); and controls:
 the bf16 target with each KV cache dtype and the block-FP8 target without speculation, every request alone
 (``max_num_seqs`` 1), to tell what batching alone flips from what speculation flips. All engines start at once and are
-measured one at a time in ``--rounds`` interleaved rounds (``kimi.bench.perf.orchestrate.run_parallel``; ``--pin``,
+measured one at a time in ``--rounds`` interleaved rounds (``kimi_lab.bench.perf.orchestrate.run_parallel``; ``--pin``,
 ``--turns`` and ``--rewarm-tokens`` as in ``perf_vs_upstream.py``), every concurrency: c requests at once, greedy,
 ``--tokens`` output tokens, EOS ignored.
 
@@ -35,12 +35,15 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import describe
-from kimi.bench.perf import measure
-from kimi.bench.perf.analysis import versions_of
-from kimi.bench.perf.orchestrate import run_parallel
-from kimi.bench.perf.plan import add_side_by_side_options, add_turn_options, turn_errors
-from kimi.bench.quantized import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
+from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE
+from kimi_lab.bench.hardware import describe
+from kimi_lab.bench.perf import measure
+from kimi_lab.bench.perf.analysis import versions_of
+from kimi_lab.bench.perf.orchestrate import run_parallel
+from kimi_lab.bench.perf.plan import add_side_by_side_options, add_turn_options, turn_errors
+from kimi_lab.bench.quantized import (
     RUNS_FILE,
     controls,
     earlier_call,
@@ -54,9 +57,8 @@ from kimi.bench.quantized import (
     totals,
     variant_settings,
 )
-from kimi.bench.results import stamp, write_json, write_lines
-from kimi.bench.workers import serve_jobs, site_errors
-from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE
+from kimi_lab.bench.results import stamp, write_json, write_lines
+from kimi_lab.bench.workers import serve_jobs, site_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_side_by_side_options(p, ROOT / "benchmarks" / "results", "the reference pair (default: models/pair)")
-    p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these (kimi.bench.quantized.VARIANTS)")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these (kimi_lab.bench.quantized.VARIANTS)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--reps", type=int, default=1, help="timed batches per concurrency and round (the best counts)")
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--merge: {exc}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
-    args.fork_greedy = "auto"  # kimi.bench.perf.plan.variant_env: the fork as it runs by default
+    args.fork_greedy = "auto"  # kimi_lab.bench.perf.plan.variant_env: the fork as it runs by default
     from kimi.models.prompts import code_prompt_ids
     from kimi.models.widen import widen_pair
 

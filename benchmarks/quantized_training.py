@@ -4,7 +4,7 @@
 
 The shipped pair's target is rewritten as ``--scheme`` (``kimi models quantize``; INT4 routed experts by default,
 Kimi-K2.5's layout), then ``kimi train`` runs as a user runs it, one command per step
-(``kimi.bench.quantized_training.plan``): answers and captured states of each target, the bf16 target captured on
+(``kimi_lab.bench.quantized_training.plan``): answers and captured states of each target, the bf16 target captured on
 the quantized target's samples (the states compared token by token), the shipped drafter fine-tuned on each, and
 served τ of each drafter on the quantized target. vLLM's CPU backend runs neither quantized layout (the fork refuses
 them at start, patch 0016), so this runs on a GPU only. The shipped pair's block-FP8 target runs on no GPU kernel of
@@ -26,9 +26,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from kimi.bench.hardware import describe, device
-from kimi.bench.quantized_training import Settings, compare_captures, markdown, plan
-from kimi.bench.results import stamp, write_json, write_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
+from kimi_lab.bench.hardware import describe, device
+from kimi_lab.bench.quantized_training import Settings, compare_captures, markdown, plan
+from kimi_lab.bench.results import stamp, write_json, write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 

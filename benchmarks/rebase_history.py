@@ -43,11 +43,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import cpu_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.fork.checkout import fresh_copy
 from kimi.fork.fsutil import write_atomic, write_json_atomic
 from kimi.fork.layout import Layout
 from kimi.fork.probe import pytest_counts
+from kimi_lab.bench.hardware import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -6,7 +6,7 @@ Run in the fork's venv (``python3 -m kimi setup`` makes it; ``python3 -m kimi mo
 
 For each drafter style (``llama``: the shipped trained pair, whose drafter is accepted often enough that stops land
 inside accepted drafts; ``mla``: the reference DeepSeek-V3 target with its MLA-style drafter, random weights, rarely
-accepted) ``vllm serve`` with EAGLE-3 (k = 3) gets every scenario of ``kimi.bench.torture`` through the official
+accepted) ``vllm serve`` with EAGLE-3 (k = 3) gets every scenario of ``kimi_lab.bench.torture`` through the official
 ``openai`` client: preemption and recompute in a small KV cache, clients that disconnect mid-stream, prefix-cache
 hits, chunked prefill, prompts ending at ``max_model_len``, JSON-schema and regex outputs, mixed sampling, stop
 strings and ``max_tokens`` inside an accepted draft, ``n > 1``, logprobs, streaming, multi-turn chat and forced tool
@@ -16,7 +16,7 @@ go to the same server without speculation (greedy output compared token by token
 server with another chunking.
 
 Writes ``robustness.json`` and ``robustness.md`` to ``--out`` (default ``benchmarks/results``), the servers' logs to
-``--out/logs/robustness``. The run is ``kimi.bench.robustness``.
+``--out/logs/robustness``. The run is ``kimi_lab.bench.robustness``.
 """
 
 from __future__ import annotations
@@ -29,16 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import cpu_name, describe, device
-from kimi.bench.log import logger
-from kimi.bench.other_tools import check_other_tools
-from kimi.bench.results import header, stamp, write_json, write_lines
-from kimi.bench.robustness import BENCH_TOKENS, SERVER_ENV, K, run_style
-from kimi.bench.torture import REQUEST_BOUND_S, PromptPool
-from kimi.drafter.assumptions import assumption_table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.errors import KimiError
 from kimi.models import SHIPPED_PAIR
 from kimi.models.prompts import code_prompt_ids
+from kimi_lab.bench.hardware import cpu_name, describe, device
+from kimi_lab.bench.log import logger
+from kimi_lab.bench.other_tools import check_other_tools
+from kimi_lab.bench.results import header, stamp, write_json, write_lines
+from kimi_lab.bench.robustness import BENCH_TOKENS, SERVER_ENV, K, run_style
+from kimi_lab.bench.torture import REQUEST_BOUND_S, PromptPool
+from kimi_lab.drafter.assumptions import assumption_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +123,7 @@ def markdown(result: dict) -> list[str]:
         lines.append("")
     other = result.get("other_tools")
     if other:
-        lines += ["## Drafters written by other tools (kimi.bench.other_tools)", "",
+        lines += ["## Drafters written by other tools (kimi_lab.bench.other_tools)", "",
                   (f"Ours: {other['ours']['counters']} on {other['prompts']} prompts x {other['tokens']} tokens, "
                    f"k = {other['k']}. Lossless with our tokens and counters: {other['lossless']}."), "",
                   "| tool | format found | served | identical / total | counters equal to ours |",
@@ -142,14 +144,14 @@ def markdown(result: dict) -> list[str]:
 
 
 def offline_parts(result: dict, args: argparse.Namespace, log) -> None:
-    """Into ``result``: the drafter-assumption table per style (``kimi.drafter.assumptions``, no engine) and, on CPU
-    unless ``--no-other-tools``, the drafters written by other tools served against ours (``kimi.bench.other_tools``,
-    engines, a few minutes)."""
+    """Into ``result``: the drafter-assumption table per style (``kimi_lab.drafter.assumptions``, no engine) and, on
+    CPU unless ``--no-other-tools``, the drafters written by other tools served against ours
+    (``kimi_lab.bench.other_tools``, engines, a few minutes)."""
     result["drafter_assumptions"] = {style: assumption_table(drafter, target)
                                      for style, (target, drafter) in styles(args.models).items()
                                      if style in args.styles}
     if not args.no_other_tools and not args.gpu:
-        log("drafters of other tools: speculators and SpecForge's layout against ours (kimi.bench.other_tools)")
+        log("drafters of other tools: speculators and SpecForge's layout against ours (kimi_lab.bench.other_tools)")
         with tempfile.TemporaryDirectory(prefix="kimi-other-tools-") as work:
             result["other_tools"] = check_other_tools(SHIPPED_PAIR, Path(work))
 

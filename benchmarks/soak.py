@@ -14,7 +14,7 @@ less than 8 MB); EAGLE-3's own growth is eagle3's minus nospec's. The kept strea
 the two engines round by round (greedy, temperature 0).
 
 Writes ``soak.json`` and ``soak.md`` to ``--out`` (``--render soak.json``: the markdown again from a result).
-The logic is ``kimi.bench.soak``.
+The logic is ``kimi_lab.bench.soak``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench import soak
-from kimi.bench.hardware import cpu_name
-from kimi.bench.results import header, stamp, write_json, write_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from kimi.e2e.presets import CPU_SERVE
 from kimi.e2e.server import VllmServer, serve_args, vllm_command
+from kimi_lab.bench import soak
+from kimi_lab.bench.hardware import cpu_name
+from kimi_lab.bench.results import header, stamp, write_json, write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Seconds the server keeps idle HTTP connections (longer than httpx's pool; see kimi.bench.robustness).
+#: Seconds the server keeps idle HTTP connections (longer than httpx's pool; see kimi_lab.bench.robustness).
 SERVER_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75"}
 
 
@@ -61,7 +63,7 @@ def run_engine(name: str, pair: Path, args, logs: Path) -> dict:
 
 def analyse(result: dict) -> None:
     """Add to ``result`` the curves (MB per round: tree RSS, tree PSS, each process's RSS), their growth and
-    verdict (``kimi.bench.soak.verdict``) per engine, and the verdict on the tree RSS of both engines."""
+    verdict (``kimi_lab.bench.soak.verdict``) per engine, and the verdict on the tree RSS of both engines."""
     result["curves"], result["growth"] = {}, {}
     for name, got in result["engines"].items():
         rows = got["rounds"]

@@ -39,7 +39,7 @@ def run_engine_script(script: str, *args: str, env: dict[str, str | None] | None
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-#: A stand-in for vLLM's offline API, enough for the benchmark scripts' worker side (``kimi.bench``): greedy
+#: A stand-in for vLLM's offline API, enough for the benchmark scripts' worker side (``kimi_lab.bench``): greedy
 #: "tokens" that depend on the prompt only (so speculation is lossless), spec-decode counters that grow with
 #: each speculative batch (tau 2), logprobs, ``collective_rpc`` on a runner without the timed methods.
 FAKE_VLLM = '''

@@ -69,7 +69,7 @@ def test_stale_positions_of_rejected_draft_rows_do_not_count_their_slots_do() ->
 
 
 def test_the_report_lists_each_wrong_rows_passes(tmp_path) -> None:
-    from kimi.bench.multimodal import write_results
+    from kimi_lab.bench.multimodal import write_results
 
     passes = [{"pass": 3, "pass_rows": 51, "pass_first": 32, "slot": 1058, "row": "target"},
               {"pass": 4, "pass_rows": 4, "pass_first": 83, "slot": 1059, "row": "placeholder"}]

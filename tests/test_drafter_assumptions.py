@@ -1,4 +1,4 @@
-"""``kimi/drafter/assumptions.py``: the entries are described and the table has a row for each. That every lying
+"""``lab/kimi_lab/drafter/assumptions.py``: the entries are described and the table has a row for each. That every lying
 copy is named (and refused where the entry says so) and every valid variant passed, by ``kimi drafter inspect`` and
 by the serve-time check, is ``tests/test_drafter_corpus.py``.
 
@@ -19,7 +19,8 @@ from drafters import mla_drafter
 pytest.importorskip("safetensors")
 pytest.importorskip("torch")
 
-from kimi.drafter.assumptions import (  # noqa: E402
+from kimi.drafter.inspect import inspect  # noqa: E402
+from kimi_lab.drafter.assumptions import (  # noqa: E402
     ASSUMPTIONS,
     OUTCOMES,
     SERVES,
@@ -27,7 +28,6 @@ from kimi.drafter.assumptions import (  # noqa: E402
     assumption_table,
     make_copy,
 )
-from kimi.drafter.inspect import inspect  # noqa: E402
 
 PAIR = ROOT / "models" / "pair"
 TARGET = PAIR / "target"

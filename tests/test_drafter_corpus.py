@@ -1,5 +1,5 @@
-"""The drafter corpus (``kimi/drafter/corpus.py``, issue 44): every broken drafter refused before the target loads,
-by ``kimi drafter inspect`` and by the serve-time check, with words for its own cause and the fix for it; every
+"""The drafter corpus (``lab/kimi_lab/drafter/corpus.py``, issue 44): every broken drafter refused before the target
+loads, by ``kimi drafter inspect`` and by the serve-time check, with words for its own cause and the fix for it; every
 right one (other weight formats, shards, the final-layer aux id in each convention, what the fork writes) served.
 
 One test per case and judge; the corpus is built once from the shipped pair and the reference models. The judge
@@ -16,8 +16,8 @@ from engine_script import make_reference_models
 pytest.importorskip("safetensors")
 pytest.importorskip("torch")
 
-from kimi.drafter.assumptions import ASSUMPTIONS  # noqa: E402
-from kimi.drafter.corpus import BASES, REFUSED, SERVED, agrees, build, judge_hook, judge_inspect  # noqa: E402
+from kimi_lab.drafter.assumptions import ASSUMPTIONS  # noqa: E402
+from kimi_lab.drafter.corpus import BASES, REFUSED, SERVED, agrees, build, judge_hook, judge_inspect  # noqa: E402
 
 NAMES = [f"{entry.name}/{base}" for entry in ASSUMPTIONS for base in BASES] + [
     f"{name}/pair-llama" for name in ("specforge-export", "converted-specforge", "converted-bin")]

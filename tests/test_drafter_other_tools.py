@@ -46,7 +46,7 @@ def config_of(folder: Path) -> dict:
 
 @pytest.fixture
 def specforge(trained_pair: Path, tmp_path: Path) -> Path:
-    from kimi.drafter.other_tools import specforge_checkpoint
+    from kimi_lab.drafter.other_tools import specforge_checkpoint
 
     assert config_of(trained_pair / "drafter")["eagle_aux_hidden_state_layer_ids"] == PAIR_IDS
     return specforge_checkpoint(trained_pair / "drafter", tmp_path / "specforge")
@@ -90,7 +90,7 @@ def test_inspect_names_a_specforge_export_llama_style(specforge: Path) -> None:
 
 
 def test_specforge_writer_refuses_id_0_and_other_layouts(tmp_path: Path) -> None:
-    from kimi.drafter.other_tools import specforge_checkpoint
+    from kimi_lab.drafter.other_tools import specforge_checkpoint
 
     with pytest.raises(KimiError, match="use id 0"):
         specforge_checkpoint(toplevel_drafter(tmp_path / "zero", [0, 30, 58], dims=SMALL), tmp_path / "out")
@@ -104,8 +104,8 @@ def test_specforge_writer_refuses_id_0_and_other_layouts(tmp_path: Path) -> None
 def test_force_never_replaces_a_folder_another_command_wrote(tmp_path: Path) -> None:
     """A target folder (its config.json has no ``eagle_config`` / ``speculators_config``) is not an earlier
     SpecForge or speculators checkpoint: `--force` used to replace any folder holding a config.json."""
-    from kimi.drafter.other_tools import specforge_checkpoint, speculators_checkpoint
     from kimi.models import SHIPPED_PAIR
+    from kimi_lab.drafter.other_tools import specforge_checkpoint, speculators_checkpoint
 
     target = tmp_path / "target"
     target.mkdir()
@@ -132,7 +132,7 @@ def test_converting_a_speculators_checkpoint_leaves_out_its_config_class(tmp_pat
 
 def test_speculators_missing_is_named_with_the_install(monkeypatch: pytest.MonkeyPatch, trained_pair: Path,
                                                       tmp_path: Path) -> None:
-    from kimi.drafter.other_tools import speculators_checkpoint
+    from kimi_lab.drafter.other_tools import speculators_checkpoint
 
     monkeypatch.setitem(sys.modules, "speculators.convert.entrypoints", None)
     with pytest.raises(KimiError, match="pip install --no-deps speculators"):
@@ -141,7 +141,7 @@ def test_speculators_missing_is_named_with_the_install(monkeypatch: pytest.Monke
 
 def test_speculators_converter_output_is_inspected_and_converted_back(trained_pair: Path, tmp_path: Path) -> None:
     pytest.importorskip("speculators.convert.entrypoints")
-    from kimi.drafter.other_tools import speculators_checkpoint
+    from kimi_lab.drafter.other_tools import speculators_checkpoint
 
     theirs = speculators_checkpoint(trained_pair / "drafter", trained_pair / "target", tmp_path / "speculators")
     cfg = config_of(theirs)
@@ -166,7 +166,7 @@ def test_other_tools_checkpoints_serve_with_our_drafters_tokens_and_counters(tra
                                                                             tmp_path: Path) -> None:
     """Each checkpoint served directly and converted: our drafter's greedy tokens and spec-decode counters."""
     pytest.importorskip("speculators.convert.entrypoints")
-    from kimi.bench.other_tools import TOOLS, check_other_tools
+    from kimi_lab.bench.other_tools import TOOLS, check_other_tools
 
     result = check_other_tools(trained_pair, tmp_path, prompts=2, tokens=16)
     assert result["ours"]["counters"]["num_accepted_tokens"] > 0, result

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_call.sh, the device command, and kimi/gpukit.py, the kit's chunks and manifest.
+"""benchmarks/gpu_call.sh, the device command, and lab/kimi_lab/gpukit.py, the kit's chunks and manifest.
 
-The light tests build a small fake kit with kimi.gpukit.pack (fake wheels: a torch that imports only with the
+The light tests build a small fake kit with kimi_lab.gpukit.pack (fake wheels: a torch that imports only with the
 carried NCCL on LD_LIBRARY_PATH, as torch 2.13 on the host; a vllm tree; a payload folder), carry its chunks
 call by call into a copy of the repository and run gpu_call.sh with KIMI_KIT_STASH/KIMI_SITE in tmp folders:
 bad chunks refused by name, the missing list, the cold-restart message, the install only once complete, the
@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from kimi import gpukit
+from kimi_lab import gpukit
 
 SCRIPT = ROOT / "benchmarks" / "gpu_call.sh"
+GPUKIT = ROOT / "lab" / "kimi_lab" / "gpukit.py"
 KIT = ".kimi/gpu-kit-0.32.0"
 
 TORCH_INIT = """\
@@ -107,12 +108,12 @@ def _fake_kit(tmp: Path, *, nccl: bool = True, chunk_bytes: int = 4096) -> Path:
 
 
 def _repo(tmp: Path, kit: Path, carry: list[str], manifest: bool = True) -> Path:
-    """tmp/repo as a device call lays it: the scripts, kimi/gpukit.py, the carried kit files only."""
+    """tmp/repo as a device call lays it: the scripts, lab/kimi_lab/gpukit.py, the carried kit files only."""
     repo = tmp / "repo"
     (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
-    (repo / "kimi").mkdir(exist_ok=True)
+    (repo / "lab" / "kimi_lab").mkdir(parents=True, exist_ok=True)
     shutil.copy2(SCRIPT, repo / "benchmarks" / "gpu_call.sh")
-    shutil.copy2(ROOT / "kimi" / "gpukit.py", repo / "kimi" / "gpukit.py")
+    shutil.copy2(GPUKIT, repo / "lab" / "kimi_lab" / "gpukit.py")
     dest = repo / KIT
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -139,7 +140,7 @@ def _steps(tmp: Path, n: int) -> list[str]:
     return [s["step"] for s in json.loads((tmp / f"out{n}" / "gpu_call.json").read_text())["steps"]]
 
 
-# -- kimi/gpukit.py ------------------------------------------------------------------------------------------------
+# -- lab/kimi_lab/gpukit.py ------------------------------------------------------------------------------------------
 
 def test_pack_writes_one_stream_cut_into_chunks_with_a_manifest(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
@@ -254,7 +255,7 @@ def test_a_gpu_kits_torch_is_the_cuda_wheels_not_the_lines_cpu_torch(tmp_path: P
     with pytest.raises(gpukit.KitError, match="pins no torch"):
         gpukit.kit_torch(unpinned)
     assert gpukit.kit_torch(unpinned, "2.14.1") == "2.14.1"
-    run = subprocess.run([sys.executable, str(ROOT / "kimi" / "gpukit.py"), "kit-torch", str(wheel), "--torch", ""],
+    run = subprocess.run([sys.executable, str(GPUKIT), "kit-torch", str(wheel), "--torch", ""],
                          capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "2.14.0"
 
@@ -290,12 +291,12 @@ def test_calls_helper_prints_the_device_calls_in_order(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
     shutil.copytree(kit, repo / KIT)
     names = _names(kit)
-    run = subprocess.run([sys.executable, str(ROOT / "kimi" / "gpukit.py"), "calls", "--kit", KIT, "--json"],
+    run = subprocess.run([sys.executable, str(GPUKIT), "calls", "--kit", KIT, "--json"],
                          cwd=repo, capture_output=True, text=True, check=True)
     calls = [json.loads(line) for line in run.stdout.splitlines()]
     assert [c["carry"] for c in calls] == [[f"{KIT}/MANIFEST.json", f"{KIT}/{n}"] for n in names]
     assert {c["command"] for c in calls} == {"bash benchmarks/gpu_call.sh"} and calls[-1]["timeout_s"] == 600
-    only = subprocess.run([sys.executable, str(ROOT / "kimi" / "gpukit.py"), "calls", "--kit", KIT, "--only",
+    only = subprocess.run([sys.executable, str(GPUKIT), "calls", "--kit", KIT, "--only",
                            f"{names[1]},{names[-1]}", "--last-command",
                            "KIMI_GPU_STEPS=kit bash benchmarks/gpu_call.sh"],
                           cwd=repo, capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_e2e.py's library (kimi.bench.gpu_e2e) without an engine: prompts, comparisons, counters, the
+"""benchmarks/gpu_e2e.py's library (kimi_lab.bench.gpu_e2e) without an engine: prompts, comparisons, counters, the
 summary and the lanes' recovery."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from kimi.bench import workers
-from kimi.bench.gpu_e2e.lanes import Job, Outcome, Run, guarded, run_lane
-from kimi.bench.gpu_e2e.summary import compare, write_results
 from kimi.e2e.engine import spec_metrics
 from kimi.e2e.presets import CPU_SERVE, GPU_E2E, GPU_E2E_CPU_SMOKE, MLA_FALLBACK
 from kimi.e2e.server import serve_args, spec_counters
 from kimi.models.prompts import code_prompt_ids
+from kimi_lab.bench import workers
+from kimi_lab.bench.gpu_e2e.lanes import Job, Outcome, Run, guarded, run_lane
+from kimi_lab.bench.gpu_e2e.summary import compare, write_results
 
 
 def test_compare_counts_identical_sequences_and_first_divergence() -> None:
@@ -156,8 +156,8 @@ def test_the_pair_is_judged_against_its_own_baseline_and_batch_invariance_wants_
 
 def test_the_pair_runs_get_prompts_of_their_own_tokenizer(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
-    from kimi.bench.gpu_e2e.plan import plan
     from kimi.models import SHIPPED_PAIR
+    from kimi_lab.bench.gpu_e2e.plan import plan
 
     run = _run(tmp_path, ks=[1, 3], styles=["llama"], k25=False, pair=SHIPPED_PAIR)
     run.models = {"kimi_k25": False}

@@ -91,9 +91,9 @@ def test_shipped_tower_matches_its_manifest(tmp_path: Path) -> None:
 @pytest.mark.install
 def test_served_image_rows_output_and_counters(tmp_path: Path) -> None:
     """vLLM's image rows = the torch reproduction; the image output follows the line; τ counters consistent."""
-    from kimi.bench.image_acceptance import measure_modes, summary
     from kimi.models import SHIPPED_PAIR
     from kimi.models.pair_k25 import SHIPPED_VISION, assemble, load_vision
+    from kimi_lab.bench.image_acceptance import measure_modes, summary
 
     assemble(tmp_path / "pair-k25", SHIPPED_PAIR, SHIPPED_VISION)
     texts = load_vision(SHIPPED_VISION)[1]["snippets"][:4]
@@ -118,7 +118,7 @@ _ROWS_AFTER_A_HIT = """
 import json, sys
 from pathlib import Path
 from vllm import LLM, SamplingParams
-from kimi.bench.image_acceptance import ENGINES, K, requests, rows_check
+from kimi_lab.bench.image_acceptance import ENGINES, K, requests, rows_check
 from kimi.e2e.engine import close_engine
 from kimi.models.pair_k25 import load_vision
 wrapper, drafter, vision = sys.argv[1:4]

@@ -1,6 +1,6 @@
 """The layering of ``kimi`` (``kimi/fork/layers.py``), read from the code: no import loop, no import from a layer
-up to a higher one, no hook importing another hook, every unit in a layer; and ``docs/architecture.md``'s
-generated table of it current (``kimi docs layers --check``).
+up to a higher one, no hook importing another hook, every unit in a layer, nothing naming the lab (``lab/``, not
+installed); and ``docs/architecture.md``'s generated table of it current (``kimi docs layers --check``).
 
 The graph counts every import (lazy ones inside functions too) and dotted strings naming a module, as
 ``kimi install-into`` does, but not ``if TYPE_CHECKING:`` imports (they never run).
@@ -17,7 +17,17 @@ import pytest
 
 from kimi.errors import KimiError
 from kimi.fork import layer_docs
-from kimi.fork.layers import LAYERS, import_graph, layer_index, loops, unit, unit_graph, upward_arrows
+from kimi.fork.layers import (
+    LAYERS,
+    import_graph,
+    lab_imports,
+    lab_modules,
+    layer_index,
+    loops,
+    unit,
+    unit_graph,
+    upward_arrows,
+)
 from kimi.fork.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +58,21 @@ def test_hooks_import_no_other_hook() -> None:
     assert hooks == []
 
 
+def test_nothing_in_kimi_imports_the_lab() -> None:
+    assert lab_modules(ROOT), "no lab found in lab/kimi_lab/"
+    assert lab_imports(ROOT) == []
+
+
+def test_the_lab_check_catches_an_import_and_a_dotted_name(tmp_path: Path) -> None:
+    (tmp_path / "kimi" / "fork").mkdir(parents=True)
+    (tmp_path / "kimi" / "__init__.py").write_text("")
+    (tmp_path / "kimi" / "fork" / "__init__.py").write_text("")
+    (tmp_path / "kimi" / "fork" / "a.py").write_text("def f():\n    from kimi_lab.bench import results\n")
+    (tmp_path / "kimi" / "log.py").write_text("import kimi_lab.gpukit\nNAME = 'kimi_lab.bench.workers.program'\n")
+    assert lab_imports(tmp_path) == [("kimi.fork.a", "kimi_lab.bench"), ("kimi.log", "kimi_lab.bench.workers.program"),
+                                     ("kimi.log", "kimi_lab.gpukit")]
+
+
 def test_the_checks_catch_a_loop_and_an_upward_arrow() -> None:
     graph = {"kimi.fork.a": {"kimi.fork.b"}, "kimi.fork.b": {"kimi.fork.a", "kimi.cli"}, "kimi.cli": set()}
     assert loops(graph) == [["kimi.fork.a", "kimi.fork.b"]]
@@ -71,7 +96,7 @@ def test_docs_layers_check_catches_a_new_arrow(tmp_path: Path) -> None:
     text = (tmp_path / "docs" / "architecture.md").read_text()
     assert text.startswith("# A\n\n") and text.endswith("\n\nafter\n") and "| floor | `kimi/fork/` |" in text
     assert layer_docs.check(layout)
-    (tmp_path / "kimi" / "log.py").write_text("from kimi.gpukit import main\n")
+    (tmp_path / "kimi" / "log.py").write_text("from kimi.cli import main\n")
     with pytest.raises(KimiError, match="not current .* `python3 -m kimi docs layers`"):
         layer_docs.check(layout)
     assert (tmp_path / "docs" / "architecture.md").read_text() == text  # check writes nothing

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.install, pytest.mark.long_file]
 
 _CHECK = """
 import json, sys
-from kimi.bench.multimodal import drafter_inputs
+from kimi_lab.bench.multimodal import drafter_inputs
 from kimi.hooks import eagle3_drafter_image_embeddings as hook
 warnings, made = [], hook._logger
 class Keep:  # vLLM's logging set-up replaces handlers added to its loggers: keep the hook's warnings here
@@ -59,7 +59,7 @@ def _check(models: Path, style: str, chunked: bool, mode: str = "auto") -> dict:
 @pytest.mark.parametrize("chunked", [False, True], ids=["prefill-and-prefix-cache", "chunked-prefill"])
 @pytest.mark.parametrize("style", ["llama", "mla"])
 def test_drafter_reads_the_target_image_embeddings(models: Path, style: str, chunked: bool) -> None:
-    from kimi.bench.multimodal import sees_target_embeddings
+    from kimi_lab.bench.multimodal import sees_target_embeddings
 
     got = _check(models, style, chunked)
     scenarios = got["scenarios"]
@@ -82,7 +82,7 @@ def test_drafter_reads_the_target_image_embeddings(models: Path, style: str, chu
 @pytest.mark.parametrize("style", ["llama", "mla"])
 def test_upstream_drafter_reads_the_placeholder_and_says_so(models: Path, style: str) -> None:
     """The same comparison fails without the hook: the drafter reads the placeholder's row at image positions."""
-    from kimi.bench.multimodal import sees_target_embeddings
+    from kimi_lab.bench.multimodal import sees_target_embeddings
 
     got = _check(models, style, chunked=False, mode="upstream")
     prefill = got["scenarios"]["prefill"]
@@ -103,7 +103,7 @@ _UNPADDED = """
 import json, sys
 from transformers import AutoTokenizer
 from vllm import LLM
-from kimi.bench import multimodal as mm
+from kimi_lab.bench import multimodal as mm
 from kimi.e2e.engine import close_engine
 target, drafter = sys.argv[1], sys.argv[2]
 texts = mm.prompts(AutoTokenizer.from_pretrained(target))

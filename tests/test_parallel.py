@@ -1,4 +1,4 @@
-"""Issue K: EAGLE-3 across tensor- and pipeline-parallel layouts on CPU (``kimi.bench.parallel``,
+"""Issue K: EAGLE-3 across tensor- and pipeline-parallel layouts on CPU (``kimi_lab.bench.parallel``,
 ``benchmarks/parallel.py``); issue 19: the same through vLLM's Ray executor. The logic runs here without vLLM;
 the engines in the ``install`` tests (the Ray one also needs ``.venv/bin/python -m pip install ray``)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi.bench import parallel
-from kimi.bench.parallel import LAYOUTS, RAY_LAYOUTS, model_rows, omp_bind, tau
 from kimi.e2e.engine import GreedyRun
+from kimi_lab.bench import parallel
+from kimi_lab.bench.parallel import LAYOUTS, RAY_LAYOUTS, model_rows, omp_bind, tau
 
 
 def test_omp_bind_splits_the_cpus_and_shares_them_when_short() -> None:
@@ -161,7 +161,7 @@ def test_serve_rows_go_through_vllm_serve_and_compare_with_one_rank_in_process(m
 def test_the_local_ray_cluster_declares_the_cpus_of_the_largest_layouts_bundles(monkeypatch) -> None:
     """TP 2 x PP 2 on two CPUs binds "0|1|0|1": four one-CPU bundles, so Ray must declare four CPUs; where cores
     differ in threads, every bundle is as large as the largest group."""
-    from kimi.bench import hardware
+    from kimi_lab.bench import hardware
 
     cores = {"now": None}
     monkeypatch.setattr(hardware, "cpu_cores", lambda: cores["now"] or [[c] for c in sorted(os.sched_getaffinity(0))])
@@ -199,7 +199,7 @@ def test_captured_stderr_catches_what_child_processes_write_and_echoes_it(capfd:
 def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_recorded(trained_pair: Path) -> None:
     """Issue 19: the shipped pair at TP 2 through vLLM's Ray executor on a Ray cluster this test starts and stops.
     vLLM 0.32.0 refuses Ray on its CPU backend before anything loads (``CpuPlatform.ray_device_key`` is empty,
-    :data:`~kimi.bench.parallel.RAY_ON_CPU`); the fork (patch 0021) serves it and must give the greedy tokens and
+    :data:`~kimi_lab.bench.parallel.RAY_ON_CPU`); the fork (patch 0021) serves it and must give the greedy tokens and
     acceptance counts of TP 1."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: .venv/bin/python -m pip install ray")
     import psutil

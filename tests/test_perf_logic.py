@@ -1,4 +1,4 @@
-"""benchmarks/perf_vs_upstream.py's library (kimi.bench.perf) without a GPU: step times, rows, the ideal bound,
+"""benchmarks/perf_vs_upstream.py's library (kimi_lab.bench.perf) without a GPU: step times, rows, the ideal bound,
 the projection, the goal, the worker protocol, and the Kimi slice's configs (accepted by ``kimi drafter inspect``)."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_benchmark
-from kimi.bench.hardware import cpu_cores, cpu_groups, cpu_list, thread_cpu
-from kimi.bench.perf import analysis, orchestrate
-from kimi.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
-from kimi.bench.perf.measure import busy_threads, measure, merge_round, turn_concurrency
-from kimi.bench.perf.orchestrate import measure_rounds, run_parallel
-from kimi.bench.perf.plan import V1_RUNNER_FILE, plan, v1_runner_removed, variant_env
-from kimi.bench.perf.render import write_outputs
-from kimi.bench.timers import step_times
-from kimi.bench.workers import WorkerProcess, await_turn, give_turn
 from kimi.models import kimi_slice
+from kimi_lab.bench.hardware import cpu_cores, cpu_groups, cpu_list, thread_cpu
+from kimi_lab.bench.perf import analysis, orchestrate
+from kimi_lab.bench.perf.analysis import combine, projection, rows_of, same_as_nospec, without_tokens
+from kimi_lab.bench.perf.measure import busy_threads, measure, merge_round, turn_concurrency
+from kimi_lab.bench.perf.orchestrate import measure_rounds, run_parallel
+from kimi_lab.bench.perf.plan import V1_RUNNER_FILE, plan, v1_runner_removed, variant_env
+from kimi_lab.bench.perf.render import write_outputs
+from kimi_lab.bench.timers import step_times
+from kimi_lab.bench.workers import WorkerProcess, await_turn, give_turn
 from pngs import assert_png, require_matplotlib
 
 
@@ -379,8 +379,8 @@ def test_steal_seconds_sum_the_steal_column_of_the_given_cpus(tmp_path: Path) ->
     """/proc/stat's 8th value per cpuN line, over the CPUs asked for (the aggregate ``cpu`` line left out), in
     seconds; None without the file, the column or any of the CPUs; the share of a process's CPU time from two
     readings."""
-    from kimi.bench.hardware import steal_seconds
-    from kimi.bench.perf.measure import steal_share
+    from kimi_lab.bench.hardware import steal_seconds
+    from kimi_lab.bench.perf.measure import steal_share
 
     hz = os.sysconf("SC_CLK_TCK")
     stat = tmp_path / "stat"
@@ -571,8 +571,8 @@ def test_parallel_start_rounds_through_the_worker_protocol(tmp_path: Path) -> No
 def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
     """--pool: the per-round ratios of two calls in one list per row (median, spread and goal recomputed), the
     rest of the row from the first call; results of another device are refused."""
-    from kimi.bench.perf.analysis import pool
-    from kimi.bench.perf.render import pinned_words
+    from kimi_lab.bench.perf.analysis import pool
+    from kimi_lab.bench.perf.render import pinned_words
 
     def part(rounds: list[float], hookoff: list[float], device: str = "H200") -> dict:
         row = {"model": "pair", "k": 3, "concurrency": 4, "fork_vs_upstream": max(rounds), "fork_tok_s": 10.0,
@@ -611,7 +611,7 @@ def test_pool_joins_the_rounds_of_calls_of_the_same_plan() -> None:
 def test_the_median_interval_is_the_sign_tests() -> None:
     """Order statistics of the binomial tail (sign-test interval, tables e.g. Conover 1999): none below 6 values,
     min-max at 6, the 2nd and 9th of 10, the 6th and 17th of 22 (1-based); unsorted input is fine."""
-    from kimi.bench.perf.analysis import median_ci95
+    from kimi_lab.bench.perf.analysis import median_ci95
 
     assert median_ci95([1.0, 2.0, 3.0, 4.0, 5.0]) is None
     assert median_ci95([6.0, 1.0, 3.0, 2.0, 5.0, 4.0]) == [1.0, 6.0]
@@ -620,7 +620,7 @@ def test_the_median_interval_is_the_sign_tests() -> None:
 
 
 def test_markdown_shows_the_median_interval_and_the_rounds(tmp_path: Path) -> None:
-    from kimi.bench.perf.render import per_round
+    from kimi_lab.bench.perf.render import per_round
 
     row = {"fork_vs_upstream_rounds": [1.0] * 6, "fork_vs_upstream_median": 1.0, "fork_vs_upstream_ci95": [0.9, 1.1],
            "fork_vs_upstream_spread": [0.8, 1.2]}
@@ -638,7 +638,7 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
     import math
     import statistics
 
-    from kimi.bench.perf.noise import noise
+    from kimi_lab.bench.perf.noise import noise
 
     def run(by_c: dict[str, list[float]], steal: list[float | None] | None = None,
             shared: list[bool | None] | None = None) -> dict:
@@ -705,7 +705,7 @@ def test_noise_of_a_call_spread_correlations_and_steal(tmp_path: Path, capsys: p
 
 
 def test_round_ratios_pair_rounds_and_the_median_goal() -> None:
-    from kimi.bench.perf.analysis import goal, round_ratios
+    from kimi_lab.bench.perf.analysis import goal, round_ratios
 
     got = round_ratios({"tok_s_rounds": [110.0, 90.0, 105.0]}, {"tok_s_rounds": [100.0, 100.0, 100.0]})
     assert got == {"fork_vs_upstream_rounds": [1.1, 0.9, 1.05], "fork_vs_upstream_median": 1.05,
@@ -777,7 +777,7 @@ def test_turn_options_are_checked_before_anything_starts() -> None:
     concurrency given twice; both benchmarks' parsers carry the options run_parallel reads."""
     import argparse
 
-    from kimi.bench.perf.plan import add_turn_options, turn_errors
+    from kimi_lab.bench.perf.plan import add_turn_options, turn_errors
 
     p = argparse.ArgumentParser()
     add_turn_options(p, "with turns")
@@ -1001,7 +1001,7 @@ def test_gpu_clocks_sample_while_the_block_runs_and_stop_after(tmp_path: Path, m
     CLI refuses before anything starts."""
     import time
 
-    from kimi.bench.hardware import GPU_CLOCK_FIELDS, gpu_clocks
+    from kimi_lab.bench.hardware import GPU_CLOCK_FIELDS, gpu_clocks
 
     tool = tmp_path / "bin" / "nvidia-smi"
     tool.parent.mkdir()

@@ -26,7 +26,7 @@ def test_loop_share_and_distinct_2() -> None:
 
 
 def test_the_pair_gates_name_each_limit_missed() -> None:
-    from kimi.bench.acceptance import gates
+    from kimi_lab.bench.acceptance import gates
 
     result = {"tau": 2.5, "tau_shifted_ids": 2.1, "quality": {"loop_share": 0.1, "distinct_2": 0.6}}
     assert gates(result)["all_met"]

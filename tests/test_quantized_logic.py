@@ -1,4 +1,4 @@
-"""benchmarks/quantized.py's library (kimi.bench.quantized) without a GPU: the variants picked, the engines planned
+"""benchmarks/quantized.py's library (kimi_lab.bench.quantized) without a GPU: the variants picked, the engines planned
 for them, the rows (greedy output against the right baseline, tau against bf16, per-round ratios), the failures and
 the markdown."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kimi.bench.quantized import (
+from kimi_lab.bench.quantized import (
     ONE_BY_ONE,
     VARIANTS,
     K,
@@ -24,7 +24,7 @@ from kimi.bench.quantized import (
     totals,
     variant_settings,
 )
-from kimi.bench.workers import site_errors
+from kimi_lab.bench.workers import site_errors
 
 COMMON = {"concurrency": [1, 4], "tokens": 8, "reps": 1, "prompts": [[5, 6, 7]],
           "engine": {"dtype": "bfloat16", "kv_cache_memory_bytes": 1 << 30}}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from kimi.bench.quantized_training import Settings, compare_captures, markdown, plan
 from kimi.cli import build_parser
 from kimi.train.store import write_shard
+from kimi_lab.bench.quantized_training import Settings, compare_captures, markdown, plan
 
 
 def _drafter(tmp_path):

@@ -1,5 +1,5 @@
-"""The logic of the torture run (kimi.bench.torture, kimi.bench.robustness) without a server: the calls it plans,
-where it places stops, how it compares outcomes and reads /metrics."""
+"""The logic of the torture run (kimi_lab.bench.torture, kimi_lab.bench.robustness) without a server: the calls it
+plans, where it places stops, how it compares outcomes and reads /metrics."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from kimi.bench import torture
-from kimi.bench.robustness import MAX_MODEL_LEN, compare, compared, gauges, metrics_check, request_errors, server_args
-from kimi.bench.torture import (
+from kimi.e2e.server import CHAT_TEMPLATE
+from kimi_lab.bench import torture
+from kimi_lab.bench.robustness import (
+    MAX_MODEL_LEN,
+    compare,
+    compared,
+    gauges,
+    metrics_check,
+    request_errors,
+    server_args,
+)
+from kimi_lab.bench.torture import (
     CHAT_CODE_TOKENS,
     CHAT_TOKENS,
     PREFIX_TOKENS,
@@ -26,7 +35,6 @@ from kimi.bench.torture import (
     stop_calls,
     valid_tool_call,
 )
-from kimi.e2e.server import CHAT_TEMPLATE
 
 
 def _pool() -> PromptPool:

@@ -147,7 +147,7 @@ def test_the_recorded_h200_acceptance_is_the_shipped_pairs_and_meets_issue_o_gat
     """Issue O's evidence, ``benchmarks/results/acceptance.json``: recorded on an H200 with 0.32.0, of the pair in
     ``models/pair`` (its recipe and stage timings equal the MANIFEST's: another training of the same recipe takes
     other seconds), τ recomputed from vLLM's counters, and every gate met at issue O's limits."""
-    from kimi.bench.acceptance import GATES, gates
+    from kimi_lab.bench.acceptance import GATES, gates
 
     result = json.loads((ROOT / "benchmarks" / "results" / "acceptance.json").read_text())
     manifest = json.loads((SHIPPED_PAIR / "MANIFEST.json").read_text())

@@ -1,4 +1,4 @@
-"""benchmarks/soak.py's library (kimi.bench.soak) without a server: the process-tree memory reader on a fake /proc,
+"""benchmarks/soak.py's library (kimi_lab.bench.soak) without a server: the process-tree memory reader on a fake /proc,
 and the plateau verdict on recorded curves."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi.bench.soak import growth, plateaus, role_curves, round_prompts, tree_memory, tree_pids, verdict
+from kimi_lab.bench.soak import growth, plateaus, role_curves, round_prompts, tree_memory, tree_pids, verdict
 
 
 def _proc(root: Path, pid: int, ppid: int, comm: str, rss_kb: int | None, pss_kb: int | None = None) -> None:

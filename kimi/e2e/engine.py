@@ -1,6 +1,6 @@
 """Greedy generation with the fork's vLLM and, independently, with transformers; their comparison.
 
-Used by ``benchmarks/cpu_e2e.py``, ``kimi.bench``, ``kimi train`` and the tests. Needs the fork's venv (vLLM,
+Used by ``benchmarks/cpu_e2e.py``, ``kimi_lab.bench``, ``kimi train`` and the tests. Needs the fork's venv (vLLM,
 torch, transformers; imported inside the functions). ``CPU_ENGINE`` (the settings of a CPU run) is
 :data:`kimi.e2e.presets.CPU_ENGINE`, importable from here too. Prompts are given as text and tokenized once
 with the model folder's tokenizer, so both implementations see the same token ids.

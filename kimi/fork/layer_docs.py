@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kimi.errors import KimiError
 from kimi.fork.fsutil import read_exact, write_atomic
-from kimi.fork.layers import LAYERS, import_graph, modules, unit, unit_graph
+from kimi.fork.layers import LAB, LAB_DIR, LAYERS, import_graph, lab_modules, modules, unit, unit_graph
 from kimi.fork.layout import Layout
 from kimi.fork.runtime import runtime_files
 
@@ -56,9 +56,13 @@ def render(layout: Layout) -> str:
     out += [f"- **{layer.name}**: {layer.what}" for layer in reversed(LAYERS)]
     total = _lines(list(files.values()))
     served = _lines([layout.root / f for f in runtime])
+    lab = lab_modules(layout.root)
+    outside = (f"`{LAB_DIR}/` (the measurement lab, package `{LAB}`: {len(lab)} modules, about "
+               f"{_thousands(_lines(list(lab.values())))} lines), ") if lab else ""
     summary = (f"The installed package `kimi/`: {len(files)} modules, about {_thousands(total)} lines; the runtime "
                f"part that `kimi install-into` copies: {len(runtime)} files, about {_thousands(served)} lines. Not "
-               "installed: `benchmarks/` (scripts, `runs/` of past runs, `results/`), `tests/`, `docs/`, `models/`.")
+               f"installed: {outside}`benchmarks/` (scripts, `runs/` of past runs, `results/`), `tests/`, `docs/`, "
+               "`models/`.")
     out += ["", summary, "", END]
     return "\n".join(out)
 

@@ -5,10 +5,16 @@ A unit is a top-level module or package of ``kimi``, named by its path in ``kimi
 lowest first: a module may import from its own layer and the ones below, never from one above, and no import runs
 in a loop (between modules, or between units). ``tests/test_layering.py`` holds the package to it;
 ``kimi docs layers`` writes the table into ``docs/architecture.md``.
+
+The measurement lab is no layer of ``kimi``: it is the package :data:`LAB` in the folder :data:`LAB_DIR` beside
+``kimi/``, which ``pyproject.toml`` does not install. It imports ``kimi``; nothing in ``kimi`` names it
+(:func:`lab_imports`).
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +37,18 @@ LAYERS = (
     Layer("features", "what a patched vLLM runs, a package per feature",
           ("cpu_mla", "cpu_platform", "spec", "drafter", "kernels", "origin")),
     Layer("tools", "reference models, engine runs, training", ("models", "e2e", "train")),
-    Layer("lab", "the measurement harness and the GPU kit", ("bench", "gpukit")),
     Layer("commands", "the kimi command and the environments it makes",
           ("devenv", "demo", "cli", "__main__", "__init__")),
     Layer("hooks", "where vLLM calls in (its patched modules, setup.py, the kimi script): each hook adapts the "
                    "call to a feature; nothing imports a hook", ("hooks",)),
 )
+
+
+#: The lab's package and the folder (beside ``kimi/``) that holds it and nothing else importable.
+LAB = "kimi_lab"
+LAB_DIR = "lab"
+
+_LAB_DOTTED = re.compile(rf"^{LAB}(\.[A-Za-z_]\w*)+$")
 
 
 def unit(module: str) -> str:
@@ -67,6 +79,32 @@ def modules(package_root: Path) -> dict[str, Path]:
             continue
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
+
+
+def lab_modules(package_root: Path) -> dict[str, Path]:
+    """Dotted name to source file of every module of the lab (:data:`LAB` under ``package_root / LAB_DIR``)."""
+    base = package_root / LAB_DIR
+    out = {}
+    for path in sorted((base / LAB).rglob("*.py")):
+        parts = path.relative_to(base).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def lab_imports(package_root: Path) -> list[tuple[str, str]]:
+    """``(module, name)`` for every place a module of ``kimi`` names the lab, sorted: ``import kimi_lab...``,
+    ``from kimi_lab... import``, or a string that is a dotted path into it. ``if TYPE_CHECKING:`` imports count too:
+    the installed package has no lab to find."""
+    found = set()
+    for name, path in modules(package_root).items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update((name, a.name) for a in node.names if a.name.split(".")[0] == LAB)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == LAB:
+                found.add((name, node.module))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _LAB_DOTTED.match(node.value):
+                found.add((name, node.value))
+    return sorted(found)
 
 
 def import_graph(package_root: Path) -> dict[str, set[str]]:

@@ -11,23 +11,23 @@ all are there, checks the total sha256 and unpacks the stream.
 
 Build side (here, with the package index; ``benchmarks/gpu_kit.sh`` drives these)::
 
-    python3 kimi/gpukit.py chunk-mib --root .          default chunk size for this working tree
-    python3 kimi/gpukit.py line --lines kimi/lines [--line L] [--version V]   line, version, pinned wheel sha256
-    python3 kimi/gpukit.py line-requires --lines kimi/lines LINE   what the line's gpu-kit.txt adds to its kit
-    python3 kimi/gpukit.py kit-torch CUDA_WHEEL [--torch T]   the torch the kit carries (the wheel's, not the pin's)
-    python3 kimi/gpukit.py wheel-pin WHEEL NAME        the ==version that WHEEL requires of NAME
-    python3 kimi/gpukit.py torch-stack TORCH_WHEEL     what must travel with a torch the host lacks
-    python3 kimi/gpukit.py host-pins WHEEL...          requirements the host's own packages may miss
-    python3 kimi/gpukit.py host-broken VLLM_WHEEL WHEEL...   host packages the carried wheels break
-    python3 kimi/gpukit.py pack --out KIT ...          the stream -> KIT/chunkNN + KIT/MANIFEST.json
-    python3 kimi/gpukit.py calls --kit KIT             the device calls to make, in order
+   python3 lab/kimi_lab/gpukit.py chunk-mib --root .   default chunk size for this working tree
+   python3 lab/kimi_lab/gpukit.py line --lines kimi/lines [--line L] [--version V]   line, version, pinned wheel sha256
+   python3 lab/kimi_lab/gpukit.py line-requires --lines kimi/lines LINE   what the line's gpu-kit.txt adds to its kit
+   python3 lab/kimi_lab/gpukit.py kit-torch CUDA_WHEEL [--torch T]   the kit's torch (the wheel's, not the pin's)
+   python3 lab/kimi_lab/gpukit.py wheel-pin WHEEL NAME   the ==version that WHEEL requires of NAME
+   python3 lab/kimi_lab/gpukit.py torch-stack TORCH_WHEEL   what must travel with a torch the host lacks
+   python3 lab/kimi_lab/gpukit.py host-pins WHEEL...   requirements the host's own packages may miss
+   python3 lab/kimi_lab/gpukit.py host-broken VLLM_WHEEL WHEEL...   host packages the carried wheels break
+   python3 lab/kimi_lab/gpukit.py pack --out KIT ...   the stream -> KIT/chunkNN + KIT/MANIFEST.json
+   python3 lab/kimi_lab/gpukit.py calls --kit KIT   the device calls to make, in order
 
 Device side (``benchmarks/gpu_call.sh``; ``python3 -S``, standard library only, no torch, no vLLM)::
 
-    python3 -S kimi/gpukit.py stash --kit KIT --stash /tmp/kitparts --site /tmp/site
-    python3 -S kimi/gpukit.py unpack --kit KIT --stash /tmp/kitparts --dest /tmp/site.bundle
-    python3 kimi/gpukit.py check-reqs --site /tmp/site   (uses `packaging`, which the host has)
-    python3 -S kimi/gpukit.py field FILE.json KEY
+    python3 -S lab/kimi_lab/gpukit.py stash --kit KIT --stash /tmp/kitparts --site /tmp/site
+    python3 -S lab/kimi_lab/gpukit.py unpack --kit KIT --stash /tmp/kitparts --dest /tmp/site.bundle
+    python3 lab/kimi_lab/gpukit.py check-reqs --site /tmp/site   (uses `packaging`, which the host has)
+    python3 -S lab/kimi_lab/gpukit.py field FILE.json KEY
 
 The stream holds ``kit.json`` (the build's metadata), ``vllm.tar.xz`` (the release's installed files, as
 ``build_kit.sh`` packs them), ``wheels/*.whl`` (installed with ``pip install --no-deps --target``) and
@@ -576,7 +576,7 @@ def torch_stack(torch_wheel: Path) -> tuple[str, list[str], list[str]]:
     reqs = []
     for name in table or DEFAULT_COMPANIONS:
         if name not in specs:
-            raise KitError(f"torch {version}'s wheel pins no {name}: add it to TORCH_STACKS in kimi/gpukit.py")
+            raise KitError(f"torch {version}'s wheel pins no {name}: add it to TORCH_STACKS in lab/kimi_lab/gpukit.py")
         if table and name in pins and table[name] != pins[name]:
             warnings.append(f"torch {version} requires {name}=={pins[name]}; the table says {table[name]} "
                             "(using the wheel's)")
@@ -849,8 +849,8 @@ def calls(kit: Path, root: Path, command: str, last_command: str | None, only: l
     biggest = max(c["size"] for c in chunks) + (kit / MANIFEST).stat().st_size
     if tree + biggest > CALL_LIMIT_MIB * MiB:
         print(f"# WARNING: a chunk, its manifest and the working tree make {fmt_mib(tree + biggest)}, over a call's "
-              f"{CALL_LIMIT_MIB} MiB: cut it again with `python3 kimi/gpukit.py rechunk --kit {kit}` (same stream "
-              "and kit id, chunks sized for this tree), or carry less")
+              f"{CALL_LIMIT_MIB} MiB: cut it again with `python3 lab/kimi_lab/gpukit.py rechunk --kit {kit}` (same "
+              "stream and kit id, chunks sized for this tree), or carry less")
     print(f"# {len(out)} device calls, back to back (an idle machine is given back after ~30 s and loses /tmp);")
     print("# each stash call takes a few seconds; the last one installs (~1 min) and then runs its command.")
     print("# If a reply says MACHINE RESTARTED or NOTHING STASHED, start again with the chunks it names.")

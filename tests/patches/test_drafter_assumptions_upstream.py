@@ -1,4 +1,4 @@
-"""What vLLM 0.32.0 itself does with every entry of ``kimi/drafter/assumptions.py``, and what the fork does.
+"""What vLLM 0.32.0 itself does with every entry of ``lab/kimi_lab/drafter/assumptions.py``, and what the fork does.
 
 The same lying copies as ``tests/test_drafter_assumptions.py`` (of the shipped pair's trained Llama-style drafter;
 the MLA-only entries of the reference MLA drafter) are served on CPU (float32, eager, greedy, k = 3) in one
@@ -31,7 +31,7 @@ from engine_script import make_reference_models, run_engine_script
 
 pytest.importorskip("safetensors")
 
-from kimi.drafter.assumptions import (  # noqa: E402
+from kimi_lab.drafter.assumptions import (  # noqa: E402
     ASSUMPTIONS,
     FAILS_AT_LOAD,
     FAILS_AT_START,

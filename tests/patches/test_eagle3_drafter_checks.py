@@ -257,7 +257,7 @@ def test_lm_head_quantization_is_refused_before_load_for_a_drafter_with_its_own_
     finds out that the drafter does not only after both models load; the pair's drafter has its own head over 1536
     draft ids (target: 4096), so the check refuses the option while the config is built."""
     import kimi.drafter.serve_checks as checks
-    from kimi.drafter.corpus import spec_config
+    from kimi_lab.drafter.corpus import spec_config
 
     config = spec_config(trained_pair / "drafter", trained_pair / "target")
     config.draft_lm_head_quantization = None

@@ -6,11 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "lab"))  # kimi_lab alone: docs/benchmarks.md
+
 from vllm import LLM, SamplingParams
 
-from kimi.bench.torture import PromptPool
 from kimi.models import SHIPPED_PAIR
 from kimi.models.prompts import code_prompt_ids
+from kimi_lab.bench.torture import PromptPool
 
 #: Where this run's results are kept.
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "logs" / "seeded-chunking-cpu"

@@ -12,10 +12,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kimi.bench.results import header, write_json, write_lines
 from kimi.e2e.engine import hf_greedy, identical, parity, self_draft_model, vllm_greedy
 from kimi.e2e.presets import CPU_EAGER, CPU_SERVE
 from kimi.e2e.server import VllmServer, request, serve_args, vllm_command
+from kimi_lab.bench.results import header, write_json, write_lines
 
 #: ``vllm serve`` flags of the serve checks (:data:`kimi.e2e.presets.CPU_SERVE`).
 SERVE_ARGS = serve_args(CPU_SERVE)
@@ -60,8 +60,8 @@ def run_lossless(models: Path, prompt_ids: list[list[int]], tokens: int) -> tupl
 
 def run_k25_lossless(models: Path) -> dict:
     """The Kimi-K2.5 wrapper (``models/kimi-k25``) with text and image requests, each drafter style against the
-    wrapper alone: :func:`kimi.bench.multimodal.lossless` on the CPU engines (``{scenario: {style: ...}}``)."""
-    from kimi.bench.multimodal import lossless
+    wrapper alone: :func:`kimi_lab.bench.multimodal.lossless` on the CPU engines (``{scenario: {style: ...}}``)."""
+    from kimi_lab.bench.multimodal import lossless
 
     start = step("lossless: the Kimi-K2.5 wrapper, text and image requests, both drafter styles")
     out = lossless(str(models / "kimi-k25"), {style: str(models / f"drafter-{style}") for style in ("llama", "mla")})

@@ -1,4 +1,4 @@
-"""The drafter corpus as a benchmark: every case of :mod:`kimi.drafter.corpus` judged by ``kimi drafter
+"""The drafter corpus as a benchmark: every case of :mod:`kimi_lab.drafter.corpus` judged by ``kimi drafter
 inspect``, by the serve-time check, and by vLLM building its engine config the way ``vllm serve`` does
 (``EngineArgs.create_engine_config``: where the check runs, before any weight loads), with the seconds to the
 refusal; written as ``drafter_corpus.json`` and ``drafter_corpus.md``.
@@ -10,8 +10,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kimi.bench.results import header, write_json, write_lines
-from kimi.drafter.corpus import REFUSED, SERVED, Case, Verdict, agrees, judge_hook, judge_inspect
+from kimi_lab.bench.results import header, write_json, write_lines
+from kimi_lab.drafter.corpus import REFUSED, SERVED, Case, Verdict, agrees, judge_hook, judge_inspect
 
 #: Where a refusal at engine-config time happens: vLLM loads no weight before its config is built.
 BEFORE_LOAD = "before weight load (engine config)"
@@ -66,7 +66,7 @@ def write_results(out: Path, result: dict) -> None:
     lines = header("Drafter corpus: every drafter judged before the target loads", result["command"], result["date"])
     lines += [f"- machine: {result['machine']}; vLLM {result['vllm']}", "",
               (f"{s['cases']} drafters built from the shipped pair and the reference models "
-               "(`kimi/drafter/corpus.py`): "
+               "(`lab/kimi_lab/drafter/corpus.py`): "
                f"{s['expected_refused']} must be refused, {s['refused_as_expected']} were, by all three judges, each "
                f"refusal naming its cause and its fix; {s['expected_served']} must be served, "
                f"{s['served_as_expected']} were. Longest time to a refusal in vLLM's config build: "

@@ -6,8 +6,8 @@ tower's training snippets as images (``<|media_pad|>\\n``), the same lines as te
 wrapper: its text model is the pair's target) and a blank image (the control). Greedy, ``TOKENS`` tokens each.
 
 Each mode runs in its own process (the fork's hook reads ``KIMI_DRAFT_IMAGE_EMBEDS`` when the engine loads), with
-its own ``VLLM_CACHE_ROOT``: :func:`measure_modes` starts ``python -m kimi.bench.image_acceptance MODE`` per mode,
-where :func:`measure` runs the engine and prints one JSON line:
+its own ``VLLM_CACHE_ROOT``: :func:`measure_modes` starts ``python -m kimi_lab.bench.image_acceptance MODE`` per
+mode (``lab/`` first on its ``PYTHONPATH``), where :func:`measure` runs the engine and prints one JSON line:
 
 * ``fork``: the fork's path (the drafter reads the target's image rows); also the image rows vLLM computed,
   read inside the engine (:mod:`kimi.e2e.draft_inputs`), against :func:`kimi.models.vision.image_rows`;
@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from kimi.e2e.presets import CPU_EAGER, GPU_E2E
+from kimi_lab import PATH as LAB_PATH
 
 MODES = ("fork", "upstream", "baseline")
 SETS = ("image", "text", "blank")
@@ -125,7 +126,7 @@ def measure(mode: str, wrapper: str, drafter: str, texts: list[str], device: str
 
 def measure_modes(wrapper: Path, drafter: Path, vision: Path, texts: list[str], work: Path, device: str = "cpu",
                   modes: tuple[str, ...] = MODES, say=print) -> dict[str, dict]:
-    """:func:`measure` for each of ``modes``, each in a fresh ``python -m kimi.bench.image_acceptance`` process
+    """:func:`measure` for each of ``modes``, each in a fresh ``python -m kimi_lab.bench.image_acceptance`` process
     with its own ``VLLM_CACHE_ROOT`` under ``work``; ``KIMI_DRAFT_IMAGE_EMBEDS=upstream`` for ``upstream``.
 
     Raises:
@@ -136,9 +137,10 @@ def measure_modes(wrapper: Path, drafter: Path, vision: Path, texts: list[str], 
         env = {**os.environ, "VLLM_CACHE_ROOT": str(work / f"vllm-cache-{mode}"),
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         env.pop("KIMI_DRAFT_IMAGE_EMBEDS", None)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(LAB_PATH), os.environ.get("PYTHONPATH")) if p)
         if mode == "upstream":
             env["KIMI_DRAFT_IMAGE_EMBEDS"] = "upstream"
-        args = [sys.executable, "-m", "kimi.bench.image_acceptance", mode, str(wrapper), str(drafter), str(vision),
+        args = [sys.executable, "-m", "kimi_lab.bench.image_acceptance", mode, str(wrapper), str(drafter), str(vision),
                 device, json.dumps(texts)]
         say(f"image acceptance: {mode} (its own process)")
         done = subprocess.run(args, env=env, capture_output=True, text=True)
@@ -154,8 +156,8 @@ def summary(results: dict[str, dict]) -> dict:
     """The numbers of a :func:`measure_modes` run: τ per mode and set, lossless counts per mode and set (greedy
     with EAGLE-3 = the baseline's), and whether the target's image output follows the image: how many image
     prompts (and blank prompts) give the text prompt's output (baseline), and the mean common prefix."""
-    from kimi.bench.gpu_e2e.summary import compare
     from kimi.e2e.engine import common_prefix
+    from kimi_lab.bench.gpu_e2e.summary import compare
 
     base = results["baseline"]["sets"]
     n = len(base["text"]["tokens"])
@@ -224,7 +226,7 @@ def markdown(summ: dict, snippets: int, tokens: int = TOKENS) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m kimi.bench.image_acceptance MODE WRAPPER DRAFTER VISION DEVICE TEXTS_JSON``: one JSON line."""
+    """``python -m kimi_lab.bench.image_acceptance MODE WRAPPER DRAFTER VISION DEVICE TEXTS_JSON``: one JSON line."""
     mode, wrapper, drafter, vision, device, texts = argv
     if mode == "upstream" and os.environ.get("KIMI_DRAFT_IMAGE_EMBEDS") != "upstream":
         raise SystemExit("mode upstream needs KIMI_DRAFT_IMAGE_EMBEDS=upstream in the environment")

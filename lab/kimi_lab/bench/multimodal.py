@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from kimi.bench.results import header, write_json, write_lines
 from kimi.e2e.engine import close_engine, model_runner
 from kimi.e2e.presets import CPU_EAGER, GPU_E2E
 from kimi.models.kimi_k25 import MEDIA_TOKEN
+from kimi_lab.bench.results import header, write_json, write_lines
 
 #: The CPU engine of the checks: float32, eager, a 32-token KV block so that prefix-cache hits fall inside and
 #: after a 64-token image (EAGLE keeps the last matched block out of a hit: a hit ends 32 tokens early).
@@ -186,7 +186,7 @@ def lossless_requests(texts: dict[str, str]) -> dict[str, list[dict]]:
 def _greedy(llm, requests: list[dict], margins: bool) -> dict:
     """``{"tokens": per request its greedy tokens, "margins": per request and position the top-1 minus top-2
     logprob (only when ``margins``, else None)}``."""
-    from kimi.bench.gpu_e2e.job import margin
+    from kimi_lab.bench.gpu_e2e.job import margin
 
     outputs = llm.generate(requests, _params(2 if margins else None), use_tqdm=False)
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
@@ -222,11 +222,11 @@ def lossless(target: str, drafters: dict[str, str], device: str = "cpu") -> dict
         "divergence_margins"}}}``: ``total`` the sequences compared, ``crashes`` 1 when the call failed (with
         speculation or in the baseline); for each sequence that differs the token index where it parts from
         the baseline and the baseline's top-1 minus top-2 logprob there (a near-tie flipped by numerics is a
-        few hundredths; :func:`kimi.bench.gpu_e2e.summary.compare`).
+        few hundredths; :func:`kimi_lab.bench.gpu_e2e.summary.compare`).
     """
     from transformers import AutoTokenizer
 
-    from kimi.bench.gpu_e2e.summary import compare
+    from kimi_lab.bench.gpu_e2e.summary import compare
 
     plan = lossless_requests(prompts(AutoTokenizer.from_pretrained(target)))
     base, base_errors = _run_all(target, None, plan, device)
@@ -254,7 +254,7 @@ def write_results(out_dir, result: dict) -> None:
     write_json(out_dir / "multimodal.json", result)
     lines = _checks_lines(result) if "lossless" in result else ["# Kimi-K2.5 image requests with EAGLE-3"]
     if "image_acceptance" in result:
-        from kimi.bench.image_acceptance import markdown
+        from kimi_lab.bench.image_acceptance import markdown
 
         section = result["image_acceptance"]
         lines += ["", *markdown(section, section["snippets"]), "", f"- command: `{section['command']}`",

@@ -3,7 +3,7 @@ inspected, converted and served, against our own drafter's run.
 
 Same weights give the same drafts, so each checkpoint served directly and its ``kimi drafter convert`` copy must
 give our drafter's greedy tokens and its spec-decode counters (drafts, draft and accepted tokens) exactly. The
-checkpoints are :mod:`kimi.drafter.other_tools`'s; the engines are :func:`kimi.e2e.engine.vllm_greedy` with
+checkpoints are :mod:`kimi_lab.drafter.other_tools`'s; the engines are :func:`kimi.e2e.engine.vllm_greedy` with
 :data:`kimi.e2e.presets.CPU_EAGER`. Needs the fork's venv, and speculators for its part (``docs/drafters.md``).
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 from kimi.drafter.convert import convert
 from kimi.drafter.inspect import inspect
-from kimi.drafter.other_tools import specforge_checkpoint, speculators_checkpoint
 from kimi.e2e.engine import GreedyRun, identical, tokenize, vllm_greedy
 from kimi.e2e.presets import CPU_EAGER
 from kimi.models.prompts import code_prompts
+from kimi_lab.drafter.other_tools import specforge_checkpoint, speculators_checkpoint
 
 #: Draft tokens per step.
 K = 3

@@ -25,10 +25,10 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from kimi.bench.hardware import cpu_groups
 from kimi.e2e.engine import GreedyRun, identical, vllm_greedy
 from kimi.e2e.presets import CPU_ENGINE
 from kimi.errors import KimiError
+from kimi_lab.bench.hardware import cpu_groups
 
 #: (tensor_parallel_size, pipeline_parallel_size) of the runs, one rank first (the reference); PP 3 has a middle
 #: stage, which receives aux states, makes its own and sends both on.
@@ -47,7 +47,7 @@ RAY_ON_CPU = "current platform cpu does not support ray"
 
 def omp_bind(workers: int, cores: list[list[int]] | None = None) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` CPU workers on one host: the CPUs this process may use,
-    grouped by physical core (``cores``, default :func:`kimi.bench.hardware.cpu_cores`), split into ``workers``
+    grouped by physical core (``cores``, default :func:`kimi_lab.bench.hardware.cpu_cores`), split into ``workers``
     contiguous runs of whole cores joined by ``|`` (``"0|1"`` for two workers on CPUs 0 and 1); with fewer cores
     than workers the CPUs are split, and with fewer CPUs one CPU each, shared in turn (``"0|1|0|1"``). vLLM's
     automatic binding wants a NUMA node per worker, which small hosts lack."""
@@ -143,8 +143,8 @@ def serve_over_http(target: str, prompt_ids: list[list[int]], tokens: int, tp: i
     (status other than ok: an HTTP error, a hang, a dropped connection), and a run with a failed request is
     ``error``. The server's log is ``logs/serve-tp{tp}-pp{pp}-{spec or none}.log``; a server that does not start is
     reported from it (the fork's refusal as ``refused``)."""
-    from kimi.bench.torture import Call, client, greedy_params, send_all
     from kimi.e2e.server import VllmServer, serve_args, vllm_command
+    from kimi_lab.bench.torture import Call, client, greedy_params, send_all
 
     began = time.monotonic()
     args = [*serve_args({**engine, **({"speculative_config": spec} if spec else {})}),

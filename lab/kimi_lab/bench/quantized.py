@@ -8,9 +8,9 @@ it), with an FP8 KV cache on the target, and with the drafter's own KV cache dty
 (``speculative_config``'s ``kv_cache_dtype`` / ``attention_backend``, which the v0.32 line's V2 EAGLE speculator
 applies through ``SpeculativeConfig.apply_draft_overrides``).
 
-Each :class:`Variant` is a "model" of ``kimi.bench.perf``'s plan: its engines (``nospec``, ``fork_k3``,
+Each :class:`Variant` is a "model" of ``kimi_lab.bench.perf``'s plan: its engines (``nospec``, ``fork_k3``,
 ``upstream_k3``) are perf_vs_upstream's, started side by side and measured in interleaved rounds by
-``kimi.bench.perf.orchestrate.run_parallel``. What this module adds: the variants, their targets, and the rows
+``kimi_lab.bench.perf.orchestrate.run_parallel``. What this module adds: the variants, their targets, and the rows
 (greedy output against the same target without speculation, τ against the bf16 target's, fork against upstream).
 """
 
@@ -20,8 +20,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kimi.bench.perf.analysis import round_ratios
-from kimi.bench.results import header
+from kimi_lab.bench.perf.analysis import round_ratios
+from kimi_lab.bench.results import header
 
 K = 3
 
@@ -165,7 +165,7 @@ def variant_settings(v: Variant) -> dict:
 
 
 def jobs_of(variants: list[Variant], targets: dict[str, str], drafter: str, common: dict) -> list[dict]:
-    """perf_vs_upstream jobs (``kimi.bench.perf.measure``) for ``variants``: per variant its engines, named
+    """perf_vs_upstream jobs (``kimi_lab.bench.perf.measure``) for ``variants``: per variant its engines, named
     ``<variant>/nospec``, ``<variant>/fork_k3``, ``<variant>/upstream_k3``, the target from ``targets`` (by
     scheme, ``None`` for bf16) and the KV cache dtype in the engine settings of ``common``."""
     jobs = []

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kimi.bench.results import header
+from kimi_lab.bench.results import header
 
 
 @dataclass(frozen=True)

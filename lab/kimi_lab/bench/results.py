@@ -2,7 +2,7 @@
 renamed over the old one: a reader, or a call stopped by its time limit, never sees half a file).
 
 Every result says how it was made: :func:`stamp` gives the command line and the date, :func:`header` opens
-the markdown with them; the hardware and versions come from the run (``kimi.bench.hardware``).
+the markdown with them; the hardware and versions come from the run (``kimi_lab.bench.hardware``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ paths, compared request by request with the same server without speculation, and
 Per drafter style three servers run one after the other with the settings of :func:`server_args`: ``spec``
 (EAGLE-3, k = :data:`K`), ``nospec`` (the same without ``--speculative-config``) and ``spec_rechunked`` (EAGLE-3
 with another ``--max-num-batched-tokens``, for seeded sampling across chunkings). The calls are
-:mod:`kimi.bench.torture`'s, on ``/v1/completions`` and, for the chat scenarios, ``/v1/chat/completions`` (with the
+:mod:`kimi_lab.bench.torture`'s, on ``/v1/completions`` and, for the chat scenarios, ``/v1/chat/completions`` (with the
 fork's chat template and a tool parser: :func:`server_args`). Needs the fork's venv (``openai``, ``tokenizers``,
 vLLM's CLI).
 """
@@ -17,8 +17,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from kimi.bench.parallel import tau
-from kimi.bench.torture import (
+from kimi.e2e.server import (
+    CHAT_TEMPLATE,
+    VllmServer,
+    metric_sums,
+    request,
+    serve_args,
+    spec_counters,
+    vllm_command,
+)
+from kimi_lab.bench.parallel import tau
+from kimi_lab.bench.torture import (
     DEF_REGEX,
     JSON_SCHEMA,
     Call,
@@ -31,15 +40,6 @@ from kimi.bench.torture import (
     send_all,
     stop_calls,
     valid_tool_call,
-)
-from kimi.e2e.server import (
-    CHAT_TEMPLATE,
-    VllmServer,
-    metric_sums,
-    request,
-    serve_args,
-    spec_counters,
-    vllm_command,
 )
 
 #: Draft tokens per step.

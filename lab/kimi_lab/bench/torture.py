@@ -389,7 +389,7 @@ def scenarios(pool: PromptPool, max_model_len: int) -> dict[str, list[Call]]:
     for i, top_k in enumerate((20, 5)):  # alone (sent one by one): steps without any draft token
         add("lone_top_k", {"prompt": pool.ids(96, 105 + i), **greedy_params(48, top_k=top_k), "temperature": 1.0,
                            "seed": 21 + i}, "seeded")
-    # vLLM refuses n > 1 with greedy sampling (bad_requests in kimi.bench.robustness has it): sampled here
+    # vLLM refuses n > 1 with greedy sampling (bad_requests in kimi_lab.bench.robustness has it): sampled here
     add("n_greater_than_1", {"prompt": pool.ids(64, 110), "n": 2, "seed": 5, **greedy_params(32), "temperature": 0.8},
         "seeded")
     add("n_greater_than_1", {"prompt": pool.ids(64, 111), "n": 3, "seed": 6, "top_p": 0.9, **greedy_params(32),

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kimi.fork.fsutil import write_atomic
+from kimi_lab import PATH as LAB_PATH
 
 
 def program() -> Path:
@@ -47,13 +48,14 @@ def checkout() -> Path:
 
 
 def kimi_path(scratch: Path) -> Path:
-    """``scratch/kimi-path``, a folder holding only ``kimi`` (a link to the package of this module). First on a worker's
-    ``PYTHONPATH`` it gives the whole ``kimi`` package (the harness) before an installed site's runtime copy (``kimi
-    install-into`` copies the hooks only), without the checkout's laid ``vllm/`` shadowing the site's ``vllm``."""
+    """``scratch/kimi-path``, a folder holding only ``kimi`` (a link to the package of the checkout this lab is in).
+    First on a worker's ``PYTHONPATH`` it gives the whole ``kimi`` package before an installed site's runtime copy
+    (``kimi install-into`` copies the hooks only), without the checkout's laid ``vllm/`` shadowing the site's
+    ``vllm``; the worker, a benchmark script, puts the lab (``lab/``) on its path itself."""
     folder = scratch / "kimi-path"
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
-        (folder / "kimi").symlink_to(Path(__file__).resolve().parents[1], target_is_directory=True)
+        (folder / "kimi").symlink_to(LAB_PATH.parent / "kimi", target_is_directory=True)
     return folder
 
 

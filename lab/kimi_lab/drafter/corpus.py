@@ -1,6 +1,6 @@
 """A corpus of broken and odd EAGLE-3 drafters, built from the reference models, and their verdicts.
 
-Every entry of :data:`kimi.drafter.assumptions.ASSUMPTIONS` (a lie, or a valid variant: other weight formats,
+Every entry of :data:`kimi_lab.drafter.assumptions.ASSUMPTIONS` (a lie, or a valid variant: other weight formats,
 shards, the final-layer aux id in each convention) is applied to a copy of each good drafter it fits
 (:data:`BASES`: the shipped pair's trained Llama-style drafter against its target, and the reference models'
 Llama-style and MLA-style drafters against theirs, ``kimi models make``), plus the formats the fork writes
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from kimi.drafter.assumptions import ASSUMPTIONS, Assumption, as_torch, make_copy
 from kimi.drafter.checkpoint import read_config, text_config
 from kimi.drafter.inspect import inspect
 from kimi.errors import KimiError
+from kimi_lab.drafter.assumptions import ASSUMPTIONS, Assumption, as_torch, make_copy
 
 REFUSED, SERVED = "refused", "served"
 #: Good drafters: name -> (drafter, target), relative to the folder holding ``pair/`` (the shipped pair) and
@@ -73,10 +73,10 @@ def _case(entry: Assumption, base: str, drafter: Path, target: Path, dest: Path)
 
 def written_formats(pair: Path, dest: Path) -> list[Case]:
     """The formats the fork writes, from the pair's drafter: the SpecForge export
-    (:func:`kimi.drafter.other_tools.specforge_checkpoint`), ``kimi drafter convert`` of it, and ``convert`` of the
+    (:func:`kimi_lab.drafter.other_tools.specforge_checkpoint`), ``kimi drafter convert`` of it, and ``convert`` of the
     drafter saved as ``pytorch_model.bin`` (written back as safetensors); every one must be served."""
     from kimi.drafter.convert import convert
-    from kimi.drafter.other_tools import specforge_checkpoint
+    from kimi_lab.drafter.other_tools import specforge_checkpoint
 
     drafter, target = pair / "drafter", pair / "target"
     specforge = specforge_checkpoint(drafter, dest / "specforge-export")

@@ -9,6 +9,6 @@
 * :mod:`.summary`: comparisons, checks, ``gpu_e2e.json`` and ``gpu_e2e.md``.
 """
 
-from kimi.bench.log import logger
+from kimi_lab.bench.log import logger
 
 log = logger("gpu_e2e")

@@ -7,13 +7,13 @@ import json
 import time
 import traceback
 
-from kimi.bench.hardware import device
-from kimi.bench.workers import JobReport
 from kimi.e2e.engine import engine_info, spec_metrics, spec_metrics_since
+from kimi_lab.bench.hardware import device
+from kimi_lab.bench.workers import JobReport
 
 
 def run(job: dict, spec: dict, report: JobReport) -> dict:
-    """:func:`kimi.bench.workers.serve_jobs`'s job function: :func:`run_job` on the jobs file's prompts and
+    """:func:`kimi_lab.bench.workers.serve_jobs`'s job function: :func:`run_job` on the jobs file's prompts and
     tokens, with a line in the lane's log before and after."""
     print(f"=== {job['name']}: {job['target']} spec={json.dumps(job['spec'])} engine={json.dumps(job['engine'])}",
           flush=True)

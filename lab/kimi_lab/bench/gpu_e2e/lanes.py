@@ -1,5 +1,5 @@
 """The state of one gpu_e2e call and its lanes: each lane runs its jobs in worker processes
-(:mod:`kimi.bench.workers`), one after the other; a worker that dies or hangs is replaced and the lane goes on.
+(:mod:`kimi_lab.bench.workers`), one after the other; a worker that dies or hangs is replaced and the lane goes on.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kimi.bench.gpu_e2e import log
-from kimi.bench.workers import WorkerProcess, checkout, worker_env
+from kimi_lab.bench.gpu_e2e import log
+from kimi_lab.bench.workers import WorkerProcess, checkout, worker_env
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Run:
         self.save()
 
     def save(self) -> None:
-        from kimi.bench.gpu_e2e.summary import write_results
+        from kimi_lab.bench.gpu_e2e.summary import write_results
 
         with self.lock:
             try:

@@ -7,12 +7,12 @@ import json
 import threading
 from pathlib import Path
 
-from kimi.bench.gpu_e2e import log
-from kimi.bench.gpu_e2e.lanes import Job, Run, guarded, run_lane
-from kimi.bench.gpu_e2e.plan import plan
-from kimi.bench.gpu_e2e.serve import run_serve
-from kimi.bench.gpu_e2e.summary import write_results
 from kimi.e2e.presets import K25_FALLBACK, MLA_FALLBACK
+from kimi_lab.bench.gpu_e2e import log
+from kimi_lab.bench.gpu_e2e.lanes import Job, Run, guarded, run_lane
+from kimi_lab.bench.gpu_e2e.plan import plan
+from kimi_lab.bench.gpu_e2e.serve import run_serve
+from kimi_lab.bench.gpu_e2e.summary import write_results
 
 
 def run_phases(run: Run, models: Path) -> dict:

@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from kimi.bench.gpu_e2e import log
-from kimi.bench.gpu_e2e.lanes import Job, Run
-from kimi.bench.workers import checkout, tail
 from kimi.errors import KimiError
 from kimi.models.prompts import code_prompt_ids
+from kimi_lab.bench.gpu_e2e import log
+from kimi_lab.bench.gpu_e2e.lanes import Job, Run
+from kimi_lab.bench.workers import checkout, tail
 
 #: Image requests of the Kimi-K2.5 runs: the wrapper's placeholder token (kimi.models.kimi_k25.MEDIA_TOKEN) in
 #: a text prompt, one plain 224 x 224 image per color (16 x 16 patches of 14 pixels, merged 2 x 2: 64 tokens).

@@ -8,11 +8,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kimi.bench.gpu_e2e import log
-from kimi.bench.gpu_e2e.lanes import Run
-from kimi.bench.workers import checkout, vllm_env
 from kimi.e2e.server import VllmServer, request, serve_args, spec_counters, vllm_command
 from kimi.errors import KimiError
+from kimi_lab.bench.gpu_e2e import log
+from kimi_lab.bench.gpu_e2e.lanes import Run
+from kimi_lab.bench.workers import checkout, vllm_env
 
 
 def serve_engine(run: Run, spec: dict) -> dict:

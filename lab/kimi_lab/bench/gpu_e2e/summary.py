@@ -8,12 +8,12 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from kimi.bench.hardware import describe
-from kimi.bench.results import header, write_json, write_lines
 from kimi.fork.fsutil import write_atomic
+from kimi_lab.bench.hardware import describe
+from kimi_lab.bench.results import header, write_json, write_lines
 
 if TYPE_CHECKING:  # lanes.Run writes its results with write_results
-    from kimi.bench.gpu_e2e.lanes import Run
+    from kimi_lab.bench.gpu_e2e.lanes import Run
 
 #: A drafter run is lossless when at least this share of its sequences equals the baseline's; under
 #: ``VLLM_BATCH_INVARIANT=1`` every sequence must (a divergence is then a bug, not a bf16 near-tie).

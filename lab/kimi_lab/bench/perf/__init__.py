@@ -8,6 +8,6 @@ EAGLE-3 and without speculation): the script's module docstring defines what is 
 * :mod:`.render`: ``perf_vs_upstream.json``, ``.md`` and ``.png``.
 """
 
-from kimi.bench.log import logger
+from kimi_lab.bench.log import logger
 
 log = logger("perf")

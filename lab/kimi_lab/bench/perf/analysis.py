@@ -9,9 +9,9 @@ import math
 import statistics
 import time
 
-from kimi.bench.hardware import describe
-from kimi.bench.perf.plan import HELD_RUNNERS
 from kimi.models.kimi_slice import FULL_LAYERS, SPEC_LAYERS
+from kimi_lab.bench.hardware import describe
+from kimi_lab.bench.perf.plan import HELD_RUNNERS
 
 #: The speed goal: fork / upstream on the pair at k = 3 and c <= 16, and the floor everywhere.
 GOAL_PAIR_K3 = 1.10

@@ -10,16 +10,16 @@ import os
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import cpu_cores, device, steal_seconds, thread_cpu
-from kimi.bench.perf import log
-from kimi.bench.results import write_lines
-from kimi.bench.timers import collect_timer, install_timer, step_times
-from kimi.bench.workers import JobReport, await_turn
 from kimi.e2e.engine import engine_info, model_runner, spec_metrics
+from kimi_lab.bench.hardware import cpu_cores, device, steal_seconds, thread_cpu
+from kimi_lab.bench.perf import log
+from kimi_lab.bench.results import write_lines
+from kimi_lab.bench.timers import collect_timer, install_timer, step_times
+from kimi_lab.bench.workers import JobReport, await_turn
 
 
 def run(job: dict, spec: dict, report: JobReport) -> dict:
-    """:func:`kimi.bench.workers.serve_jobs`'s job function: :func:`run_engine`, its rounds kept in
+    """:func:`kimi_lab.bench.workers.serve_jobs`'s job function: :func:`run_engine`, its rounds kept in
     ``report.partial`` (they go with an error: the engine is not counted, its numbers stay in the JSON)."""
     return run_engine(job, report.partial, report)
 
@@ -36,7 +36,7 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     (the caller keeps it on an error).
 
     With ``job["turn"]`` (a parallel start) the engine reports ``ready`` once started, then measures at each turn
-    the orchestrator gives (:func:`kimi.bench.workers.await_turn`; what a turn measures:
+    the orchestrator gives (:func:`kimi_lab.bench.workers.await_turn`; what a turn measures:
     :func:`turn_concurrency`), reporting ``round`` with the turn's number after each; ``report`` carries those
     events.
     """
@@ -139,7 +139,7 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
     counters over them, the share of this engine's CPU time the hypervisor took meanwhile (``steal_share``,
     :func:`steal_share`) and where its busy threads ran (``busy``, ``shared_core``: :func:`busy_threads`). The
     ``first`` measurement of ``c`` warms up with a full-length batch (lazily compiled kernels, every batch shape it
-    meets) and adds a shorter batch under the step timer (:mod:`kimi.bench.timers`); a later one warms up with
+    meets) and adds a shorter batch under the step timer (:mod:`kimi_lab.bench.timers`); a later one warms up with
     ``job["rewarm_tokens"]`` output tokens (default: the full length) -- the shapes are known by then, the warm-up
     only wakes the engine."""
     from vllm import SamplingParams
@@ -176,7 +176,7 @@ def measure(llm, job: dict, c: int, first: bool) -> dict:
 
 def steal_share(before: float | None, after: float | None, seconds: float) -> float | None:
     """The share of this process's CPUs' time over ``seconds`` of wall time that the hypervisor took
-    (``after - before`` stolen seconds from :func:`kimi.bench.hardware.steal_seconds`, over the CPUs the process
+    (``after - before`` stolen seconds from :func:`kimi_lab.bench.hardware.steal_seconds`, over the CPUs the process
     may run on), rounded to 1e-4; None where steal time is not known."""
     if before is None or after is None or seconds <= 0:
         return None
@@ -186,7 +186,7 @@ def steal_share(before: float | None, after: float | None, seconds: float) -> fl
 @functools.cache
 def machine_cores() -> list[list[int]]:
     """Every CPU of the machine (``os.cpu_count()``, not only this process's) grouped by physical core
-    (:func:`kimi.bench.hardware.cpu_cores`): siblings outside the engine's CPUs still count as one core. Read once
+    (:func:`kimi_lab.bench.hardware.cpu_cores`): siblings outside the engine's CPUs still count as one core. Read once
     per process (the topology does not change while an engine runs)."""
     return cpu_cores(list(range(os.cpu_count() or 1)))
 
@@ -198,7 +198,7 @@ BUSY_SHARE = 0.2
 def busy_threads(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]], seconds: float,
                  cores: list[list[int]]) -> dict:
     """Where the engine's busy threads ran over ``seconds`` of timed batches, from two
-    :func:`kimi.bench.hardware.thread_cpu` readings of this process and its descendants (the engine core):
+    :func:`kimi_lab.bench.hardware.thread_cpu` readings of this process and its descendants (the engine core):
     ``busy``, ``[cpu, share]`` per thread that used at least :data:`BUSY_SHARE` of a CPU (the CPU it ran on last,
     at the end; its CPU seconds over ``seconds``, rounded to 0.01), busiest first; ``shared_core``, whether two of
     them ended on one physical core of ``cores`` (SMT siblings, or the same CPU); None without readings."""

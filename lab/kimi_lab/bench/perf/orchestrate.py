@@ -1,4 +1,4 @@
-"""perf_vs_upstream's orchestration: one worker process per engine (:mod:`kimi.bench.workers`), started and
+"""perf_vs_upstream's orchestration: one worker process per engine (:mod:`kimi_lab.bench.workers`), started and
 measured one at a time, or (``--parallel-start``) all started at once and measured in turns, round after round."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from kimi.bench.hardware import cpu_groups
-from kimi.bench.perf import log
-from kimi.bench.perf.analysis import summarize
-from kimi.bench.perf.plan import variant_env
-from kimi.bench.perf.render import write_outputs
-from kimi.bench.workers import WorkerProcess, give_turn
+from kimi_lab.bench.hardware import cpu_groups
+from kimi_lab.bench.perf import log
+from kimi_lab.bench.perf.analysis import summarize
+from kimi_lab.bench.perf.plan import variant_env
+from kimi_lab.bench.perf.render import write_outputs
+from kimi_lab.bench.workers import WorkerProcess, give_turn
 
 
 class Worker:
@@ -48,7 +48,7 @@ class Worker:
         return self.turn is not None and self.process.find("ready") is not None
 
     def go(self, number: int, order: str) -> None:
-        """Turn ``number``: ``order`` is ``more``, ``last`` or ``stop`` (:func:`kimi.bench.workers.give_turn`)."""
+        """Turn ``number``: ``order`` is ``more``, ``last`` or ``stop`` (:func:`kimi_lab.bench.workers.give_turn`)."""
         give_turn(self.turn, number, order)
 
     def wait_turn(self, number: int, limit: float) -> bool:
@@ -128,7 +128,7 @@ def run_parallel(args: argparse.Namespace, jobs: list[dict], deadline: float, ru
     others waiting idle, for ``--rounds`` rounds of turns (``--turns``; the engine order is reversed every other
     turn of a round and every other round, so a drift of the host touches every engine alike; each concurrency
     keeps its fastest round; see :func:`measure_rounds`). With ``--pin`` each engine (its worker and engine
-    processes) is held to CPUs of :func:`kimi.bench.hardware.cpu_groups` in the mode ``--pin`` names (``shares``:
+    processes) is held to CPUs of :func:`kimi_lab.bench.hardware.cpu_groups` in the mode ``--pin`` names (``shares``:
     its own whole cores; ``cores``: one thread of every core, the same for all). Engines not collected when it
     ends (an error, an interrupt) are killed."""
     groups = cpu_groups(len(jobs), mode=args.pin) if args.pin else [None] * len(jobs)

@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from kimi.bench.workers import kimi_path, worker_env
 from kimi.e2e.presets import PERF_CPU_SMOKE, PERF_GPU, PERF_PAIR_KV_BYTES, PERF_SIDE_BY_SIDE, PERF_SLICE
 from kimi.errors import KimiError
 from kimi.models.kimi_slice import SPEC_LAYERS
+from kimi_lab.bench.workers import kimi_path, worker_env
 
 CONCURRENCY = (1, 4, 16, 64)
 PAIR_KS = (1, 2, 3, 5)
@@ -23,7 +23,7 @@ HELD_RUNNERS = {"v1": "0", "v2": "1"}
 
 def add_side_by_side_options(p: argparse.ArgumentParser, results: Path, pair_help: str) -> None:
     """The options of a fork-against-upstream benchmark (``perf_vs_upstream.py``, ``quantized.py``): ``--out``
-    (default ``results``), ``--upstream-site``, ``--fork-site`` (checked by :func:`kimi.bench.workers.site_errors`)
+    (default ``results``), ``--upstream-site``, ``--fork-site`` (checked by :func:`kimi_lab.bench.workers.site_errors`)
     and ``--pair`` (default the shipped pair)."""
     from kimi.models import SHIPPED_PAIR
 
@@ -34,7 +34,7 @@ def add_side_by_side_options(p: argparse.ArgumentParser, results: Path, pair_hel
 
 
 def add_turn_options(p: argparse.ArgumentParser, when: str) -> None:
-    """The options of measuring engines started side by side in turns (:mod:`kimi.bench.perf.orchestrate`);
+    """The options of measuring engines started side by side in turns (:mod:`kimi_lab.bench.perf.orchestrate`);
     ``when`` says in the help when they act (e.g. ``with --parallel-start``). Checked by :func:`turn_errors`."""
     p.add_argument("--pin", nargs="?", const="shares", choices=["shares", "cores"],
                    help=f"{when}: each engine (its processes) held to CPUs, taskset-like: its own whole physical "

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kimi.bench.perf import log
-from kimi.bench.perf.analysis import GOAL_FLOOR, GOAL_MEDIAN, GOAL_PAIR_K3
-from kimi.bench.perf.plan import HELD_RUNNERS
-from kimi.bench.results import header, write_json, write_lines
 from kimi.train.charts import pyplot, save_png
+from kimi_lab.bench.perf import log
+from kimi_lab.bench.perf.analysis import GOAL_FLOOR, GOAL_MEDIAN, GOAL_PAIR_K3
+from kimi_lab.bench.perf.plan import HELD_RUNNERS
+from kimi_lab.bench.results import header, write_json, write_lines
 
 #: The settings line's words for each ``--pin`` (``pinned``: None or False unpinned; True in calls before the modes,
 #: which gave each engine its own share of the CPUs, split in CPU order).
@@ -91,7 +91,7 @@ def write_outputs(out: Path, summary: dict, chart: bool = True) -> None:
 
 def per_round(row: dict, name: str) -> str:
     """``median [95 % CI] (min-max) n`` of a row's per-round ratios ``name``
-    (:func:`kimi.bench.perf.analysis.round_ratios`; the interval where there are enough rounds, the count where
+    (:func:`kimi_lab.bench.perf.analysis.round_ratios`; the interval where there are enough rounds, the count where
     there is more than one), ``-`` without rounds."""
     spread = row.get(f"{name}_spread")
     if not spread:
