@@ -532,8 +532,9 @@ def test_rehearsal_of_the_device_calls_with_the_real_kit(tmp_path: Path) -> None
         pytest.skip(f"needs {kit_dir} (bash benchmarks/gpu_kit.sh) and a python3.12")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    shutil.rmtree(clone / "kimi")
-    shutil.copytree(ROOT / "kimi", clone / "kimi", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("kimi", "lab"):  # the working tree's, edits not yet committed included
+        shutil.rmtree(clone / tree)
+        shutil.copytree(ROOT / tree, clone / tree, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(SCRIPT, clone / "benchmarks" / "gpu_call.sh")
     env = {"KIMI_PYTHON": str(python), "KIMI_GPU_STEPS": "install", "KIMI_KIT_CHECK_TORCH": "0"}
     for n, name in enumerate(_names(kit_dir)):

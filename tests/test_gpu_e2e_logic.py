@@ -262,6 +262,7 @@ def test_a_cpu_smoke_call_runs_its_engines_in_workers_and_judges_them(tmp_path: 
 
     copy, models, out = tmp_path / "checkout", tmp_path / "models", tmp_path / "out"
     shutil.copytree(ROOT / "kimi", copy / "kimi", ignore=shutil.ignore_patterns("__pycache__", "lines"))
+    shutil.copytree(ROOT / "lab", copy / "lab", ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "benchmarks").mkdir()
     shutil.copy2(ROOT / "benchmarks" / "gpu_e2e.py", copy / "benchmarks" / "gpu_e2e.py")
     tiny_tokenizer(models / "target" / "tokenizer.json")
