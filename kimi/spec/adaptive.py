@@ -132,7 +132,7 @@ def profile_eager_costs(runner: Any) -> None:
     request count, the verification curve the target forward's per token count (medians, made dense by
     :func:`dense_curve`).  The acceptance
     estimator's statistics, which the dummy steps fed, are dropped afterwards, and so is what the collapse
-    watch (:mod:`kimi.spec.watch`) saw during warm-up.
+    watch (:mod:`kimi.spec.watch`) and the draft depth (:mod:`kimi.spec.depth`) saw during warm-up.
     """
     manager = runner.adaptive_verification
     if manager is None:
@@ -162,3 +162,6 @@ def profile_eager_costs(runner: Any) -> None:
     watch = getattr(runner, RUNNER_ATTR, None)
     if watch is not None:
         watch.reset()
+    from kimi.spec.depth import reset
+
+    reset(runner)

@@ -1,0 +1,284 @@
+"""Adaptive draft depth under adaptive verification: the drafter runs only as many passes as the draft budget
+has lately used.
+
+Adaptive verification (:mod:`kimi.spec.adaptive`) decides each step how many drafts the target verifies, but
+vLLM's EAGLE drafter still runs all ``k`` passes (one prefill pass for draft 0, then ``k - 1`` decode passes)
+for every request, so a step whose budget admits few drafts, or none, still pays the whole drafter.  Here the
+runner asks, before the drafter proposes, how deep to draft:
+
+- ``depth = min(k, 1 + the most drafts the budget admitted to any one request over the last`` :data:`WINDOW`
+  ``steps)``, at least 1 (the one prefill pass also keeps the drafter's KV cache current), at most the drafts
+  the scheduler asked for;
+- for the first :data:`WARMUP_STEPS` steps after warm-up the depth stays at ``k``, so the acceptance estimator
+  gets evidence at every position before the budget can shrink the drafting.
+
+A depth of ``d < k`` leaves positions ``d .. k - 1`` undrafted: their draft token is -1 and their confidence 0,
+so the budget never admits them.  Two more guards keep a -1 out of the target's input:
+
+- adaptive verification prices the next step from a host copy of the confidences made one step earlier (it
+  never waits for the device), which still holds the older, deeper drafts' confidences; the columns not drafted
+  are zeroed in that copy as well (:func:`mask_host_copy`);
+- the budget, chosen on the host, is bounded by the scheduled drafts whose survival probability (the running
+  product of the current confidences, which the device ranks by) is positive (:func:`bound_budget`).  Above
+  that bound the device would hand out zero-survival slots as ties in request order, undrafted ones included;
+  that happens when the back-off (:mod:`kimi.spec.backoff`) has just zeroed a request's confidences, which the
+  host copy shows only a step later.  (So with the rule on, a paused request's drafts are no longer verified in
+  the first step of its pause.)
+
+The rule runs on an eager engine only (the torch-only CPU platform: adaptive verification without full CUDA
+graphs, tensors on the host): it reads the step's verdict on the host before the drafter runs, which on a GPU
+would wait for the device, and a captured drafter graph has its depth fixed.  It also stays off under async
+scheduling, where the scheduler schedules ``k`` placeholder drafts for every request whatever was drafted and
+the rule, tested with synchronous scheduling only, has no say over them (:func:`applies`).  Greedy output
+does not change: the depth only limits which drafts can be verified.
+
+Reached through ``kimi.hooks.eagle3_adaptive_draft_depth`` (patch ``eagle3-adaptive-draft-depth``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kimi.spec.acceptance import verdict
+
+#: Steps after warm-up during which the drafter runs all ``k`` passes.
+WARMUP_STEPS = 7
+#: Steps over which the most drafts admitted to one request is taken.
+WINDOW = 8
+#: The runner attribute that holds its :class:`DraftDepth`.
+RUNNER_ATTR = "_kimi_draft_depth"
+
+
+@dataclass
+class PassCounts:
+    """Drafter work in this process since the last warm-up, over every runner with the rule on.
+
+    Attributes:
+        steps: sampling steps in which the drafter ran.
+        passes: drafter forward passes in those steps (the depth, or 1 where no draft was asked for: the pass
+            that keeps the drafter's KV cache current).
+    """
+
+    steps: int = 0
+    passes: int = 0
+
+    def reset(self) -> None:
+        self.steps = self.passes = 0
+
+
+#: What the runners of this process counted (read by tests and benchmarks).
+COUNTS = PassCounts()
+
+
+def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int]) -> int:
+    """Drafter passes for one step.
+
+    Args:
+        k: the drafter's ``num_speculative_tokens``.
+        asked: drafts the scheduler asked for this step (``<= k``; 0: the drafter only keeps its KV cache).
+        step: steps seen since warm-up, this one excluded.
+        admitted_recently: per step of the last :data:`WINDOW` (this step's verdict included), the most drafts
+            the budget admitted to one request.
+
+    Returns:
+        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; else
+        ``min(asked, 1 + max(admitted_recently))``, at least 1.
+    """
+    if asked <= 0:
+        return 0
+    if step < WARMUP_STEPS:
+        return asked
+    return max(1, min(asked, k, 1 + max(admitted_recently, default=0)))
+
+
+def applies(runner: Any) -> bool:
+    """Whether the rule runs in ``runner`` (vLLM's ``GPUModelRunner``): adaptive verification on, a draft-model
+    speculator, no full CUDA graphs, tensors on the host, synchronous scheduling."""
+    if getattr(runner, "adaptive_verification", None) is None:
+        return False
+    speculator = getattr(runner, "speculator", None)
+    if speculator is None or not hasattr(speculator, "draft_token_confidence_probs"):
+        return False
+    if runner.compilation_config.cudagraph_mode.has_full_cudagraphs():
+        return False
+    if runner.device.type != "cpu":
+        return False
+    return not runner.vllm_config.scheduler_config.async_scheduling
+
+
+class DraftDepth:
+    """Per-runner state of the rule.
+
+    Args:
+        k: the drafter's ``num_speculative_tokens``.
+        counts: where drafter steps and passes are added up.
+    """
+
+    def __init__(self, k: int, counts: PassCounts = COUNTS):
+        self.k = k
+        self.counts = counts
+        self.step = 0
+        self.depth = k
+        self.admitted: deque[int] = deque(maxlen=WINDOW)
+
+    def reset(self) -> None:
+        """Start over (after warm-up and profiling steps)."""
+        self.step = 0
+        self.depth = self.k
+        self.admitted.clear()
+
+    def plan(self, asked: int, most_admitted: int) -> int:
+        """Fold this step's verdict in and return the depth of the drafts proposed now.
+
+        Args:
+            asked: drafts the scheduler asked for (``num_spec_tokens_to_schedule``).
+            most_admitted: the most drafts the budget admitted to one request this step (0 if none verified).
+        """
+        self.admitted.append(most_admitted)
+        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted))
+        self.step += 1
+        self.counts.steps += 1
+        self.counts.passes += max(self.depth, 1)
+        return self.depth
+
+
+def prepare_drafts(draft_tokens: torch.Tensor, confidences: torch.Tensor, num_reqs: int, depth: int) -> None:
+    """Mark the positions the drafter will not reach, before it proposes, in place.
+
+    Args:
+        draft_tokens: ``[>= num_reqs, k]`` int64, the speculator's draft buffer (by batch row): -1 from column
+            ``depth`` on.
+        confidences: ``[>= num_reqs, k]`` float32, its draft confidences (by batch row): 0 from column ``depth``
+            on.
+        num_reqs: rows of the batch.
+        depth: drafter passes this step.
+    """
+    draft_tokens[:num_reqs, depth:] = -1
+    confidences[:num_reqs, depth:] = 0.0
+
+
+def mask_host_copy(stale: np.ndarray, slots: np.ndarray, depth: int) -> None:
+    """Zero the columns from ``depth`` on of the requests in ``slots`` in adaptive verification's host copy of
+    the confidences, in place.
+
+    Args:
+        stale: ``[max_num_reqs, k]`` float32, the copy the next step's budget reads (made a step before the
+            drafts now proposed).
+        slots: ``[num_reqs]`` int, request-state slots of the batch.
+        depth: the depth of the drafts now proposed.
+    """
+    stale[np.asarray(slots)[:, None], np.arange(depth, stale.shape[1])[None, :]] = 0.0
+
+
+def positive_slots(confidences: torch.Tensor, scheduled: np.ndarray) -> int:
+    """Scheduled draft slots whose survival probability is positive.
+
+    Args:
+        confidences: ``[num_reqs, k]`` float32, per-position confidences of the batch's requests.
+        scheduled: ``[num_reqs]`` int, drafts scheduled per request.
+
+    Returns:
+        The number of (request, position) slots with position < scheduled and a positive running product of
+        confidences, multiplied in float32 position by position as the budget kernel does.
+    """
+    running = torch.ones(confidences.shape[0], dtype=torch.float32)
+    alive = torch.zeros(confidences.shape, dtype=torch.bool)
+    for position in range(confidences.shape[1]):
+        running = running * confidences[:, position].to(torch.float32).cpu()
+        alive[:, position] = running > 0
+    eligible = torch.arange(confidences.shape[1])[None, :] < torch.as_tensor(scheduled)[:, None]
+    return int((alive & eligible).sum())
+
+
+def bound_budget(manager: Any, req_ids: list[str], num_tokens: int) -> int:
+    """Bound the draft budget that ``manager`` (vLLM's ``AdaptiveVerificationManager``) just chose by the
+    scheduled drafts of positive survival (module docstring).
+
+    Args:
+        manager: the manager, right after ``get_num_tokens`` (its ``_batch_budget`` holds the choice).
+        req_ids: the batch's request ids, as ``get_num_tokens`` was given them.
+        num_tokens: what ``get_num_tokens`` returned: tokens before drafts plus the budget.
+
+    Returns:
+        The token count with the bounded budget (``_batch_budget`` is updated to match).
+    """
+    num_drafts, num_non_draft, budget = manager._batch_budget
+    if budget == 0 or not req_ids:
+        return num_tokens
+    slots = [manager.req_states.req_id_to_index[r] for r in req_ids]
+    scheduled = np.array([num_drafts[r] for r in req_ids], dtype=np.int64)
+    limit = positive_slots(manager._confidence_probs[slots], scheduled)
+    if budget <= limit:
+        return num_tokens
+    manager._batch_budget = (num_drafts, num_non_draft, limit)
+    return num_tokens - (budget - limit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner's side (called through the hook)
+
+
+def _state(runner: Any) -> DraftDepth | None:
+    """The runner's :class:`DraftDepth`, made on first use; None where the rule does not apply."""
+    if not hasattr(runner, RUNNER_ATTR):
+        on = applies(runner)
+        setattr(runner, RUNNER_ATTR, DraftDepth(runner.num_speculative_steps) if on else None)
+    return getattr(runner, RUNNER_ATTR)
+
+
+def before_propose(runner: Any, input_batch: Any, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
+                   asked: int) -> int:
+    """The drafter passes of this step (``asked`` where the rule does not apply); marks the undrafted
+    positions in the speculator's buffers (:func:`prepare_drafts`).
+
+    Args:
+        runner: vLLM's ``GPUModelRunner``, in ``sample_tokens`` before the drafter proposes.
+        input_batch: the step's ``InputBatch`` (``num_draft_tokens_per_req`` None when nothing was verified).
+        num_sampled: ``[num_reqs]`` int32, tokens emitted per request.
+        num_rejected: ``[num_reqs]`` int32, verified drafts rejected per request.
+        asked: ``num_spec_tokens_to_schedule`` of the step.
+    """
+    state = _state(runner)
+    if state is None:
+        return asked
+    num_reqs = input_batch.num_reqs
+    most = 0
+    if num_reqs and input_batch.num_draft_tokens_per_req is not None:
+        admitted, _ = verdict(num_sampled[:num_reqs], num_rejected[:num_reqs])
+        most = int(admitted.max())
+    depth = state.plan(asked, most)
+    if 0 < depth < runner.num_speculative_steps:
+        speculator = runner.speculator
+        prepare_drafts(speculator.draft_tokens, speculator.draft_token_confidence_probs, num_reqs, depth)
+    return depth
+
+
+def after_record(runner: Any, input_batch: Any) -> None:
+    """After adaptive verification recorded the step's confidences: :func:`mask_host_copy` for the batch."""
+    state = getattr(runner, RUNNER_ATTR, None)
+    if state is None or state.depth >= state.k or input_batch.num_reqs == 0:
+        return
+    manager = runner.adaptive_verification
+    stale = manager._stale_confidences[manager._stale_idx].np
+    mask_host_copy(stale, input_batch.idx_mapping_np[:input_batch.num_reqs], max(state.depth, 0))
+
+
+def budget_chosen(runner: Any, num_tokens_per_req: dict[str, int], num_tokens: int) -> int:
+    """After adaptive verification chose the step's budget for the requests of ``num_tokens_per_req`` (in its
+    order): :func:`bound_budget` where the rule applies, else ``num_tokens``."""
+    if _state(runner) is None:
+        return num_tokens
+    return bound_budget(runner.adaptive_verification, list(num_tokens_per_req), num_tokens)
+
+
+def reset(runner: Any) -> None:
+    """Forget the runner's history and the pass counts (after warm-up and profiling)."""
+    state = getattr(runner, RUNNER_ATTR, None)
+    if state is not None:
+        state.reset()
+    COUNTS.reset()

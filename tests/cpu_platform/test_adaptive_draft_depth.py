@@ -1,0 +1,269 @@
+"""Adaptive draft depth under adaptive verification on the torch-only CPU platform (mainline, patch 0027,
+``kimi/spec/depth.py``): the drafter runs ``min(k, 1 + the most drafts admitted to one request over the last 8
+steps)`` passes, all ``k`` for the first 7 steps after warm-up; positions not drafted are never admitted, in
+the device's ranking nor in the host's one-step-old copy of the confidences, nor through a budget above the
+drafts of positive survival; the rule stays off under async scheduling, full CUDA graphs and without adaptive
+verification; an engine whose drafts always fail runs far fewer drafter passes and keeps greedy output.
+
+Part of the mainline's suite (``python3 -m kimi test``); the ``line("mainline")`` marker skips it elsewhere.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import installed_line
+from engine_script import run_engine_script
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = ROOT / "models" / "pair"
+
+pytestmark = [pytest.mark.line("mainline"), pytest.mark.long_file]
+
+if installed_line() == "mainline":
+    import numpy as np
+    import torch
+
+    # what the CPU worker installs first: placeholder CUDA events and streams, which the manager creates
+    import vllm.v1.worker.cpu.shm  # noqa: F401
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
+        AdaptiveVerificationManager,
+        build_cost_tables_from_curves,
+    )
+
+    from kimi.spec import depth
+    from kimi.spec.adaptive import dense_curve
+    from kimi.spec.depth import DraftDepth, PassCounts, depth_rule
+
+K = 3
+MAX_REQS = 4
+MAX_TOKENS = 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule
+
+
+def test_the_rule_keeps_k_through_warm_up_then_follows_the_most_admitted():
+    assert [depth_rule(K, K, step, [0]) for step in range(depth.WARMUP_STEPS)] == [K] * 7
+    assert depth_rule(K, K, 7, [0] * 8) == 1, "at least one pass"
+    assert depth_rule(K, K, 7, [0, 1, 0]) == 2
+    assert depth_rule(K, K, 7, [2, 0]) == 3
+    assert depth_rule(K, K, 7, [3]) == K, "never above k"
+    assert depth_rule(K, 2, 7, [3]) == 2, "never above what the scheduler asked for"
+    assert depth_rule(K, 0, 9, [3]) == 0, "no drafts asked: the drafter only keeps its KV cache"
+
+
+def test_the_depth_falls_after_the_window_and_climbs_one_step_at_a_time():
+    counts = PassCounts()
+    state = DraftDepth(K, counts)
+    admitted = [3] * 10 + [0] * 12 + [1, 2, 3, 3]
+    depths = [state.plan(K, a) for a in admitted]
+    # the window of 8 steps still holds a 3 up to step 16; from step 17 on it holds only zeros
+    assert depths[:17] == [K] * 17
+    assert depths[17:22] == [1] * 5
+    assert depths[22:] == [2, 3, 3, 3], "each admitted draft at the depth opens one more pass"
+    assert counts.steps == len(admitted) and counts.passes == sum(depths)
+    state.reset()
+    assert [state.plan(K, 0) for _ in range(8)] == [K] * 7 + [1], "warm-up starts again after a reset"
+
+
+def test_undrafted_positions_get_token_minus_one_and_confidence_zero():
+    tokens = torch.arange(12).reshape(4, K)
+    confidences = torch.full((4, K), 0.9)
+    depth.prepare_drafts(tokens, confidences, num_reqs=2, depth=1)
+    assert tokens[:2, 1:].eq(-1).all() and confidences[:2, 1:].eq(0).all()
+    assert tokens[:2, 0].tolist() == [0, 3] and confidences[:2, 0].eq(0.9).all()
+    assert tokens[2:].ge(0).all() and confidences[2:].eq(0.9).all(), "rows past the batch untouched"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the budget admits (upstream's manager, upstream's budget kernel)
+
+
+def make_manager(verify: list[tuple[int, float]]) -> AdaptiveVerificationManager:
+    """Upstream's manager for MAX_REQS slots of K drafts, drafting free, verification priced by ``verify``."""
+    req_states = SimpleNamespace(
+        num_speculative_steps=K, device=torch.device("cpu"), max_num_reqs=MAX_REQS,
+        max_num_batched_tokens=MAX_TOKENS, req_id_to_index={f"r{i}": i for i in range(MAX_REQS)},
+        num_computed_tokens_np=np.full(MAX_REQS, 10, dtype=np.int32),
+        prefill_len=SimpleNamespace(np=np.full(MAX_REQS, 5, dtype=np.int32)))
+    manager = AdaptiveVerificationManager(req_states, torch.zeros(MAX_REQS + 1, dtype=torch.int32),
+                                          num_bonus_tokens=1, max_total_logits=1 << 20)
+    manager.cost_tables = build_cost_tables_from_curves([(1, 0.0), (MAX_REQS, 0.0)], dense_curve(verify), MAX_REQS,
+                                                        MAX_TOKENS)
+    return manager
+
+
+FLAT = [(1, 10.0), (MAX_TOKENS, 10.0)]  # verification costs the same whatever it verifies: every draft pays
+
+
+def run_steps(manager, steps: list[tuple[int, list[float]]], mask: bool, bound: bool) -> list[list[int]]:
+    """Draft ``steps`` (each: the depth, and each request's confidence at the drafted positions, 0 for a
+    request the back-off paused) for requests r0, r1, recording confidences as the runner does, then verify
+    the last step's drafts; returns the draft token ids admitted per request (upstream's ``get_num_tokens``
+    and ``reallocate_drafts``)."""
+    req_ids = ["r0", "r1"]
+    batch = SimpleNamespace(num_reqs=2, idx_mapping=torch.tensor([0, 1]), idx_mapping_np=np.array([0, 1]))
+    for d, per_request in steps:
+        tokens = torch.full((2, K), 7, dtype=torch.int64)
+        confidences = torch.tensor([[c] * K for c in per_request], dtype=torch.float32)
+        depth.prepare_drafts(tokens, confidences, 2, d)
+        manager.record_confidences(confidences, batch)
+        if mask:
+            depth.mask_host_copy(manager._stale_confidences[manager._stale_idx].np, batch.idx_mapping_np, d)
+    num_tokens_per_req = {r: 1 + K for r in req_ids}
+    num_tokens = manager.get_num_tokens(num_tokens_per_req, {r: [7] * K for r in req_ids})
+    if bound:
+        num_tokens = depth.bound_budget(manager, req_ids, num_tokens)
+    cu_num_logits, _, budget, _ = manager.reallocate_drafts(req_ids, batch.idx_mapping)
+    admitted = (torch.diff(cu_num_logits) - 1).tolist()
+    assert num_tokens == len(req_ids) + budget and sum(admitted) == budget
+    return [tokens[r, :n].tolist() for r, n in enumerate(admitted)]
+
+
+def test_without_the_host_mask_the_budget_admits_a_minus_one_draft():
+    """Step 1 drafts all K positions (confident), step 2 only one: the budget of the step that verifies step 2's
+    drafts reads the host copy made at step 1, in which positions 1 and 2 are still confident. Verification
+    priced flat, so the budget takes every draft it counts: all six, positions 1 and 2 included, whose ids
+    are -1 - which the target would embed. With the copy masked it takes the two drafted ones."""
+    steps = [(K, [0.9, 0.9]), (1, [0.9, 0.9])]
+    admitted = run_steps(make_manager(FLAT), steps, mask=False, bound=False)
+    assert -1 in sum(admitted, []), admitted
+    assert run_steps(make_manager(FLAT), steps, mask=True, bound=False) == [[7], [7]]
+    assert run_steps(make_manager(FLAT), steps, mask=True, bound=True) == [[7], [7]]
+
+
+def test_without_the_bound_a_paused_request_lets_a_zero_survival_tie_admit_a_minus_one_draft():
+    """Depth 1, the host copy masked, verification priced flat. The back-off has just zeroed r1's confidences,
+    which the one-step-old host copy does not show yet: the budget counts two drafts where the device ranks one
+    above zero, and hands the second out as a zero-survival tie in request order - r0's undrafted position 1.
+    Bounded by the drafts of positive survival, only r0's drafted position is admitted."""
+    steps = [(1, [0.9, 0.9]), (1, [0.9, 0.0])]
+    admitted = run_steps(make_manager(FLAT), steps, mask=True, bound=False)
+    assert admitted[0] == [7, -1], admitted
+    assert run_steps(make_manager(FLAT), steps, mask=True, bound=True) == [[7], []]
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the rule runs
+
+
+def fake_runner(**overrides):
+    """The runner surface :mod:`kimi.spec.depth` uses: adaptive verification on, eager, on the CPU, synchronous
+    scheduling, a drafter of K drafts for MAX_REQS rows."""
+    speculator = SimpleNamespace(draft_tokens=torch.zeros(MAX_REQS, K, dtype=torch.int64),
+                                 draft_token_confidence_probs=torch.full((MAX_REQS, K), 0.5))
+    runner = SimpleNamespace(
+        adaptive_verification=make_manager(FLAT), speculator=speculator, num_speculative_steps=K,
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE), device=torch.device("cpu"),
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False)))
+    for key, value in overrides.items():
+        setattr(runner, key, value)
+    return runner
+
+
+#: What each case changes in :func:`fake_runner`.
+CASES = {
+    "eager-cpu": lambda: {},
+    "async-scheduling": lambda: {
+        "vllm_config": SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=True))},
+    "full-cuda-graphs": lambda: {
+        "compilation_config": SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE)},
+    "no-adaptive-verification": lambda: {"adaptive_verification": None},
+    "cuda-device": lambda: {"device": torch.device("cuda")},
+    "no-confidences": lambda: {"speculator": SimpleNamespace()},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_rule_runs_only_on_an_eager_cpu_engine_with_synchronous_scheduling(case):
+    on = case == "eager-cpu"
+    overrides = CASES[case]()
+    runner = fake_runner(**overrides)
+    assert depth.applies(runner) is on
+    batch = SimpleNamespace(num_reqs=2, idx_mapping_np=np.array([0, 1]), num_draft_tokens_per_req=np.array([K, K]))
+    no_drafts = torch.tensor([1, 1]), torch.tensor([0, 0])  # the budget admitted no draft: the bonus token only
+    counts = (depth.COUNTS.steps, depth.COUNTS.passes)
+    depths = [depth.before_propose(runner, batch, *no_drafts, K) for _ in range(9)]
+    if on:
+        assert depths == [K] * 7 + [1, 1]
+        assert runner.speculator.draft_tokens[:2, 1:].eq(-1).all()
+        assert runner.speculator.draft_token_confidence_probs[:2, 1:].eq(0).all()
+        assert (depth.COUNTS.steps - counts[0], depth.COUNTS.passes - counts[1]) == (9, 7 * K + 2)
+    else:
+        assert depths == [K] * 9, "off: the drafter runs every pass the scheduler asked for"
+        assert (depth.COUNTS.steps, depth.COUNTS.passes) == counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine
+
+
+ENGINE = """
+    import json, shutil, sys, tempfile
+    from pathlib import Path
+    import torch
+    from safetensors.torch import load_file, save_file
+    import kimi.spec.adaptive
+    import kimi.spec.depth
+    from kimi.e2e.engine import tokenize, vllm_greedy
+    from kimi.e2e.presets import CPU_EAGER
+    from kimi.models.prompts import code_prompts
+
+    if "--without" in sys.argv:  # the drafter's passes as before the rule: all k, every step
+        kimi.spec.depth.WARMUP_STEPS = 1 << 30
+
+    # a drafter whose drafts fail, confidently: its lm_head rows rolled by one, so each draft is the next id
+    bad = Path(tempfile.mkdtemp()) / "drafter"
+    shutil.copytree("{drafter}", bad)
+    weights = load_file(bad / "model.safetensors")
+    weights["lm_head.weight"] = torch.roll(weights["lm_head.weight"], 1, dims=0).contiguous()
+    save_file(weights, bad / "model.safetensors", metadata={{"format": "pt"}})
+
+    # drafts priced to zero acceptance: verifying any draft costs 10 s against 10 ms for the step without, so
+    # the budget admits none (the profiled curves vary with the machine's load); --flat: verification priced
+    # flat, so the budget admits every draft it believes in and only the back-off withholds them
+    profile = kimi.spec.adaptive.profile_eager_costs
+    def priced(runner):
+        profile(runner)
+        if runner.adaptive_verification is not None:
+            most = 10.0 if "--flat" in sys.argv else 1e4
+            runner.adaptive_verification.set_cost_curves([(1, 0.0), (runner.max_num_reqs, 0.0)],
+                                                         [(1, 10.0), (runner.max_num_tokens, most)])
+    kimi.spec.adaptive.profile_eager_costs = priced
+
+    ids = tokenize("{target}", code_prompts(1))
+    engine = {{**CPU_EAGER, "max_num_seqs": 1}}
+    plain = vllm_greedy("{target}", ids, {tokens}, None, **engine)
+    spec = {{"method": "eagle3", "model": str(bad), "num_speculative_tokens": 3, "enable_adaptive_verification": True,
+             "adaptive_backoff_patience": 2, "adaptive_backoff_steps": 4, "adaptive_backoff_max_steps": 8}}
+    run = vllm_greedy("{target}", ids, {tokens}, spec, **engine)
+    counts = kimi.spec.depth.COUNTS
+    print("RESULT", json.dumps({{"same": run.tokens == plain.tokens, "steps": counts.steps,
+                                 "passes": counts.passes, "counters": run.counters}}))
+"""
+
+
+def engine_script(tokens: int) -> str:
+    return textwrap.dedent(ENGINE.format(target=PAIR / "target", drafter=PAIR / "drafter", tokens=tokens))
+
+
+def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_greedy_output():
+    """The shipped pair with its drafter's lm_head rows rolled by one (every draft wrong), drafts priced to zero
+    acceptance (verification so dear that the budget admits none), one request x 32 tokens: before the rule the
+    drafter ran all 3 passes in every step (the script's ``--without``: 3 x steps, less a last step that asks
+    for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after, and greedy output
+    equals no speculation's."""
+    found = run_engine_script(engine_script(32))
+    assert found["same"], "the draft depth changed greedy output"
+    steps, passes = found["steps"], found["passes"]
+    assert steps >= 30, found
+    assert passes <= depth.WARMUP_STEPS * K + (steps - depth.WARMUP_STEPS), found
+    assert passes < 0.6 * K * steps, found
+    assert found["counters"]["num_accepted_tokens"] == 0, found
