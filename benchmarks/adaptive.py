@@ -1,111 +1,113 @@
-"""Adaptive verification against fixed EAGLE-3 and no speculation, on the mainline's torch-only CPU platform.
+"""Adaptive verification for EAGLE-3 against fixed k, upstream's batch-size table and no speculation (issue 45).
 
-    .venv/bin/python benchmarks/adaptive.py [--python .venv/bin/python] [--models models/pair] \\
-        [--prompts 4] [--tokens 32] [--k 3] [--rounds 2]
+    .venv/bin/python benchmarks/adaptive.py [--concurrency 1 8 32 64] [--rounds 3] [--tokens 128] [--out DIR]
 
-Settings (``kimi_lab.bench.adaptive.SETTINGS``): no speculation, EAGLE-3 with the pair's drafter at ``--k``, the same
-with ``enable_adaptive_verification``. Each round runs every setting once, in turns, each a fresh child process
-of ``--python`` (one engine, ``--prompts`` requests in one batch, ``max_num_seqs`` = ``--prompts``) that
-measures off-domain prompts (random token ids) and then in-domain ones (held-out code). Writes ``adaptive.json``
-and ``adaptive.md`` to ``--out``.
+Five engines per model (``kimi_lab.bench.adaptive.plan.ENGINES``), each in its own worker process, all started at
+once and then measured one at a time in ``--rounds`` interleaved rounds (``kimi_lab.bench.perf``: the order reversed
+every other turn and round; ``--turns concurrency`` makes a turn one point, so the rates compared are seconds
+apart):
+
+* ``adaptive``: the fork, EAGLE-3 k = 3 with ``"enable_adaptive_verification": true`` (its draft back-off on, as
+  by default);
+* ``fork_k3``: the fork, EAGLE-3 k = 3;
+* ``upstream_k3``: upstream, EAGLE-3 k = 3;
+* ``upstream_table``: upstream with its batch-size table as its docs suggest (``num_speculative_tokens`` 5,
+  ``num_speculative_tokens_per_batch_size`` ``[[1,16,5],[17,32,4],[33,64,3],[65,128,1],[129,512,0]]``);
+* ``nospec``: the target alone (the fork's vLLM).
+
+On CPU (``--device cpu``, the default; the mainline's torch-only CPU platform, float32, eager) "upstream" is the
+laid ``vllm/`` with every ``vllm/`` change of the series taken out but what the platform needs to start (laid
+under ``--scratch``; which patches it keeps is written into the results). On a GPU (``--device gpu``, through
+``benchmarks/gpu_call.sh``) the sites are the GPU kit's: ``--fork-site $KIMI_SITE --upstream-site
+$KIMI_UPSTREAM_SITE``.
+
+Points (``--sets``, ``--concurrency``): every prompt set at every c, c requests at once, ``--tokens`` output tokens
+each, EOS ignored, greedy (``--temperature``: sampled, request i seeded with i): ``in``, held-out code
+(``kimi.models.prompts``); ``off``, off-domain prompts of ``--off-kind`` (``kimi.models.offdomain``; ``lowest``,
+the default: the candidate of the lowest τ in this call); ``mixed``, the two interleaved in one batch (from c = 2).
+Before the engines, one fork engine measures τ at k = 3 on every off-domain candidate (``--no-candidates`` skips
+it unless ``--off-kind lowest``; ``--candidates-only`` writes ``adaptive-candidates.json``/``.md`` and stops).
+``--models pair wide`` adds the pair widened (``kimi models widen``: the same function, wider matrices) as a
+second group of five engines.
+
+Writes ``adaptive.json`` and ``adaptive.md`` under ``--out`` (rewritten after every engine): per model, set and c
+each engine's median tok/s, adaptive's ratios to the other four per round (median, interval, spread), upstream
+k = 3 over none, τ and drafts verified per engine, greedy sequences identical to none, and the goal
+(``kimi_lab.bench.adaptive.analysis``). Run it with the mainline's interpreter (``python3 -m kimi setup``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab alone: docs/benchmarks.md
 
+from kimi.errors import KimiError
+from kimi.models.offdomain import KINDS
+from kimi_lab.bench.adaptive.call import run_call
+from kimi_lab.bench.adaptive.plan import CONCURRENCY, ENGINES, SETS, engine_settings
+from kimi_lab.bench.perf import measure
+from kimi_lab.bench.perf.plan import add_side_by_side_options, add_turn_options, turn_errors
+from kimi_lab.bench.results import stamp
+from kimi_lab.bench.workers import serve_jobs, site_errors
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", type=Path, default=ROOT / ".venv/bin/python",
-                        help="the mainline's interpreter (python3 -m kimi setup)")
-    parser.add_argument("--models", type=Path, default=ROOT / "models/pair")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per child")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.measure:  # a child: the mainline's install
-        from kimi_lab.bench.adaptive import measure
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_side_by_side_options(p, ROOT / "benchmarks" / "results", "the reference pair (default: models/pair)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--models", nargs="+", choices=["pair", "wide"], default=["pair"])
+    p.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    p.add_argument("--engines", nargs="+", choices=list(ENGINES), help="run only these engines")
+    p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
+    p.add_argument("--reps", type=int, default=1, help="timed batches per point and round (the best counts)")
+    p.add_argument("--rounds", type=int, default=3)
+    add_turn_options(p, "rounds of the engines started at once")
+    p.add_argument("--off-kind", choices=["lowest", *KINDS], default="lowest",
+                   help="the off-domain prompts (kimi.models.offdomain); lowest: the candidate of the lowest tau here")
+    p.add_argument("--off-lengths", type=int, nargs=2, default=[448, 768], metavar=("MIN", "MAX"),
+                   help="tokens per off-domain prompt (longer random prompts keep the target off its domain longer)")
+    p.add_argument("--no-candidates", dest="candidates", action="store_false",
+                   help="skip measuring the off-domain candidates (only with a named --off-kind)")
+    p.add_argument("--candidates-only", action="store_true", help="measure the candidates only")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled, request i seeded with i")
+    p.add_argument("--step-times", action="store_true", help="time target, verification and drafter steps per point")
+    p.add_argument("--kv-mib", type=int, default=512, help="KV cache per engine")
+    p.add_argument("--fork-greedy", default="auto", help="KIMI_DRAFT_GREEDY for the fork's engines")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 8 * 3600)))
+    p.add_argument("--job-timeout-s", type=float, default=1800, help="for an engine's start, and for each turn")
+    p.add_argument("--scratch", type=Path, default=Path("/tmp/adaptive"))
+    p.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
+    return p
 
-        print(json.dumps(measure(**json.loads(args.measure))))
-        return 0
-    if not args.python.is_file():
-        parser.error(f"--python: no interpreter at {args.python}; run python3 -m kimi setup")
-    sys.path.insert(0, str(ROOT))
-    from kimi.e2e.engine import tokenize
-    from kimi.models.prompts import code_prompts
-    from kimi_lab.bench.adaptive import SETTINGS, random_prompts, summarize
-    from kimi_lab.bench.cpu_paths import run_child
-    from kimi_lab.bench.hardware import cpu_name
-    from kimi_lab.bench.results import header, stamp, write_json, write_lines
 
-    target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
-    vocab_size = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
-    code = tokenize(target, code_prompts(args.prompts))
-    prompts = {"off": random_prompts(vocab_size, args.prompts, len(code[0])), "in": code}
-    # the child imports the mainline's vllm and this checkout's kimi
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_CACHE_ROOT": tempfile.mkdtemp(prefix="adaptive-cache-")}
-    runs: dict[str, list[dict]] = {}
-    for number in range(args.rounds):
-        for setting in SETTINGS:
-            job = {"target": target, "drafter": drafter, "setting": setting, "k": args.k, "prompts": prompts,
-                   "tokens": args.tokens, "max_num_seqs": args.prompts}
-            began = time.monotonic()
-            result = run_child(str(args.python.absolute()), str(Path(__file__).resolve()), job, env, args.timeout)
-            runs.setdefault(setting, []).append(result)
-            print(f"round {number + 1}: {setting}: off {result['off']['tok_s']} tok/s (tau {result['off']['tau']}),"
-                  f" in {result['in']['tok_s']} tok/s (tau {result['in']['tau']}), start {result['start_s']} s"
-                  f" ({time.monotonic() - began:.0f} s)", flush=True)
-    rows = summarize(runs)
-    out = {**stamp("benchmarks/adaptive.py", sys.argv[1:], python=".venv/bin/python"), "cpu": cpu_name(),
-           "cores": os.cpu_count(), "python": platform.python_version(), "vllm": runs["nospec"][0]["vllm"],
-           "prompts": args.prompts, "tokens": args.tokens, "k": args.k, "rounds": args.rounds,
-           "start_s": {s: [r["start_s"] for r in rs] for s, rs in runs.items()}, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "adaptive.json", out)
-    lines = header("Adaptive verification (EAGLE-3) against fixed k and no speculation, CPU", out["command"],
-                   out["date"])
-    lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs, shared); vLLM {out['vllm']} (torch-only "
-               f"CPU platform, float32, eager); the pair `{args.models.name}`; {args.prompts} requests x "
-               f"{args.tokens} tokens in one batch, greedy; k = {args.k}; {args.rounds} rounds, settings in turns "
-               "(median tok/s)"), "",
-              ("| prompts | none tok/s | EAGLE-3 tok/s | adaptive tok/s | EAGLE-3 / none | adaptive / none "
-               "(rounds) | adaptive / EAGLE-3 (rounds) | tau EAGLE-3 | tau adaptive | drafts verified EAGLE-3 / "
-               "adaptive | lossless |"),
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        t = row["tok_s"]
-        lines.append(
-            f"| {row['domain']}-domain | {t['nospec']:.1f} | {t['eagle3']:.1f} | {t['adaptive']:.1f} | "
-            f"{row['eagle3_vs_nospec']:.2f} | {row['adaptive_vs_nospec']:.2f} ({row['adaptive_vs_nospec_rounds']}) | "
-            f"{row['adaptive_vs_eagle3']:.2f} ({row['adaptive_vs_eagle3_rounds']}) | {row['tau']['eagle3']} | "
-            f"{row['tau']['adaptive']} | {row['draft_tokens']['eagle3']:.0f} / {row['draft_tokens']['adaptive']:.0f}"
-            f" | {row['lossless']} |")
-    lines += ["", ("Not shown: concurrency above one batch of the requests given, serving overheads, start-up "
-                   "(the adaptive engine also profiles its cost curves: `start_s` in the JSON); each engine "
-                   "measures off-domain first, then in-domain, so the in-domain rows of the adaptive engine start "
-                   "from an estimator calibrated off-domain; a shared 2-core machine (other jobs' load varies "
-                   "between settings even in turns).")]
-    write_lines(args.out / "adaptive.md", lines)
-    print("\n".join(lines))
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.worker:
+        return serve_jobs(*args.worker, run_job=measure.run)
+    made = stamp("benchmarks/adaptive.py", argv if argv is not None else sys.argv[1:], python=".venv/bin/python")
+    bad = turn_errors(args, parallel=True)
+    if args.rounds < 1:
+        bad.append(f"--rounds must be at least 1, got {args.rounds}")
+    if args.device == "gpu":
+        bad += site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
+    elif args.upstream_site:
+        bad.append("--upstream-site is laid by the script on CPU; leave it out (or use --device gpu)")
+    if bad:
+        cli.error("; ".join(bad))
+    args.engine = engine_settings(args.device, args.concurrency, args.kv_mib << 20)
+    try:
+        return run_call(args, ROOT, made)
+    except KimiError as exc:
+        raise SystemExit(f"adaptive: {exc}") from None
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -367,7 +367,8 @@ def test_rounds_keep_the_fastest_and_every_rate() -> None:
     merge_round(by_c, "4", {"tok_s": 95.0, "busy": [[3, 0.9]], "shared_core": False})
     assert by_c["4"] == {"tok_s": 130.0, "tau": 2.1, "steal_share": 0.0, "steps": {"target_ms": 1.0},
                          "tok_s_rounds": [100.0, 130.0, 90.0, 95.0], "steal_share_rounds": [0.05, 0.0, None, None],
-                         "busy_rounds": [None, None, None, [[3, 0.9]]],
+                         "tau_rounds": [2.0, 2.1, 2.2, None], "draft_tokens_rounds": [None] * 4,
+                         "verified_rounds": [None] * 4, "busy_rounds": [None, None, None, [[3, 0.9]]],
                          "shared_core_rounds": [None, None, None, False]}
     # a result from before a key was kept per round: its earlier rounds read None, the lists stay aligned
     old = {"4": {"tok_s": 100.0, "tok_s_rounds": [100.0, 80.0], "steal_share_rounds": [0.0, 0.01]}}

@@ -100,6 +100,18 @@ def spec_metrics(metrics) -> dict:
     return found
 
 
+#: The fork's counter of the drafts adaptive verification verified, one per draft position (``kimi.spec.metrics``).
+ADAPTIVE_VERIFIED = "vllm:spec_decode_adaptive_verified_tokens_per_pos"
+
+
+def adaptive_verified(metrics) -> float | None:
+    """Drafts adaptive verification verified (its per-position counter summed over positions and engines) from
+    ``LLM.get_metrics()``; None where the engine has no such counter (no adaptive verification). vLLM's
+    ``num_draft_tokens`` counts the drafts scheduled, verified or not."""
+    found = [float(m.value) for m in metrics if m.name.removesuffix("_total") == ADAPTIVE_VERIFIED]
+    return sum(found) if found else None
+
+
 def spec_metrics_since(after: dict, before: dict) -> dict:
     """What the engine counted between two :func:`spec_metrics` readings: each counter's increase, and
     ``accepted_per_pos`` position by position (a ``before`` read before any draft has ``[]``: zeros)."""

@@ -36,19 +36,7 @@ def reverted(root: Path, patches: list[Patch], keep: Callable[[str], bool] = und
     kept: dict[Path, bytes | None] = {}
     with exclusive(root / ".kimi"):
         try:
-            for patch in reversed(patches):
-                for fd in unidiff.parse(patch.diff, where=str(patch.path)):
-                    if not keep(fd.path):
-                        continue
-                    path = root / fd.path
-                    current = path.read_bytes() if path.exists() else None
-                    kept.setdefault(path, current)
-                    text = unidiff.apply(None if current is None else decode(current), fd, reverse=True)
-                    if text is None:
-                        path.unlink()
-                    else:
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        path.write_bytes(encode(text))
+            _undo(root, patches, keep, kept)
             yield sorted(str(p.relative_to(root)) for p in kept)
         finally:
             for path, data in kept.items():
@@ -56,3 +44,41 @@ def reverted(root: Path, patches: list[Patch], keep: Callable[[str], bool] = und
                     path.unlink(missing_ok=True)
                 else:
                     path.write_bytes(data)
+
+
+def _undo(root: Path, patches: list[Patch], keep: Callable[[str], bool], kept: dict[Path, bytes | None]) -> None:
+    """Take ``patches``' hunks (series order; undone last first) out of the files under ``root`` that ``keep``
+    accepts, recording each file's bytes before its first change in ``kept`` (None: the file did not exist)."""
+    for patch in reversed(patches):
+        for fd in unidiff.parse(patch.diff, where=str(patch.path)):
+            if not keep(fd.path):
+                continue
+            path = root / fd.path
+            current = path.read_bytes() if path.exists() else None
+            kept.setdefault(path, current)
+            text = unidiff.apply(None if current is None else decode(current), fd, reverse=True)
+            if text is None:
+                path.unlink()
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(encode(text))
+
+
+def reverted_copy(root: Path, dest: Path, patches: list[Patch]) -> list[str]:
+    """A copy of the laid ``vllm/`` package under ``root`` at ``dest/vllm`` (replaced if there; no ``__pycache__``)
+    with ``patches``' ``vllm/`` hunks taken out: the release as it was before them, beside the laid tree, which is
+    not touched (an engine may run from it meanwhile). Returns the relative paths changed in the copy.
+
+    Raises:
+        KimiError: a patch's hunks are not in the laid tree (unrefreshed edits: `kimi status`; or sync first).
+    """
+    import shutil
+
+    target = dest / "vllm"
+    if target.exists():
+        shutil.rmtree(target)
+    kept: dict[Path, bytes | None] = {}
+    with exclusive(root / ".kimi"):  # no sync or refresh meanwhile: the copy is of one laid tree
+        shutil.copytree(root / "vllm", target, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
+    _undo(dest, patches, under_vllm, kept)
+    return sorted(str(p.relative_to(dest)) for p in kept)

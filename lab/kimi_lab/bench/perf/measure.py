@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from kimi.e2e.engine import engine_info, model_runner, spec_metrics
+from kimi.e2e.engine import adaptive_verified, engine_info, model_runner, spec_metrics
 from kimi_lab.bench.hardware import cpu_cores, device, steal_seconds, thread_cpu
 from kimi_lab.bench.perf import log
 from kimi_lab.bench.results import write_lines
@@ -59,11 +59,11 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
             order = "last" if turn is None else await_turn(turn, number, job["turn_timeout_s"])
             if order == "stop":
                 break
-            for c in turn_concurrency(job, number):
+            for key, c, prompts in turn_points(job, number):
                 by_c = result["by_concurrency"]
-                entry = measure(llm, job, c, first=str(c) not in by_c)
-                merge_round(by_c, str(c), entry)
-                log(f"{job['name']} turn {number + 1} c={c}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}, "
+                entry = measure(llm, job, c, first=key not in by_c, prompts=prompts)
+                merge_round(by_c, key, entry)
+                log(f"{job['name']} turn {number + 1} {key}: {entry['tok_s']:.0f} tok/s, tau {entry['tau']}, "
                     f"steal share {entry['steal_share']}")
             if order == "last":
                 break
@@ -79,29 +79,55 @@ def run_engine(job: dict, result: dict, report: JobReport | None = None) -> dict
     return result
 
 
-def turn_concurrency(job: dict, number: int) -> list[int]:
-    """The concurrencies the engine of ``job`` measures at turn ``number``: all of ``job["concurrency"]``
-    (``job["turns"]`` is ``engine``, the default: a turn is a round), or with ``concurrency`` the turn's one of the
-    call's concurrencies in order, round after round (``job["call_concurrency"]``) -- none when this engine does
-    not measure it (the check engine measures only the largest: it still takes the turn, and the turn numbers stay
-    the orchestrator's)."""
-    cs = job["concurrency"]
+def points(job: dict) -> list[tuple[str, int, list[list[int]] | None]]:
+    """What the engine of ``job`` measures, in order: ``(key, c, prompts)`` per measurement point. Without
+    ``job["points"]``, one per concurrency of ``job["concurrency"]``, keyed ``str(c)``, on ``job["prompts"]``
+    (``prompts`` None); with it (``[[set, c], ...]``), one per entry, keyed ``"<set>/<c>"``, on the prompt set
+    ``job["prompt_sets"][set]``."""
+    if "points" not in job:
+        return [(str(c), c, None) for c in job["concurrency"]]
+    return [(f"{name}/{c}", c, job["prompt_sets"][name]) for name, c in job["points"]]
+
+
+def call_points(job: dict, concurrency: list[int]) -> list[str]:
+    """The keys of every point of a call (:func:`points` of ``job`` at the call's ``concurrency``): what one turn
+    after another measures with turns per point (:func:`turn_points`)."""
+    return [key for key, _, _ in points({**job, "concurrency": concurrency})]
+
+
+def turn_points(job: dict, number: int) -> list[tuple[str, int, list[list[int]] | None]]:
+    """The points (:func:`points`) the engine of ``job`` measures at turn ``number``: all of them (``job["turns"]``
+    is ``engine``, the default: a turn is a round), or with ``concurrency`` the turn's one of the call's points in
+    order, round after round (``job["call_points"]``, else ``job["call_concurrency"]``) -- none when this engine
+    does not measure it (the check engine measures only the largest concurrency: it still takes the turn, and the
+    turn numbers stay the orchestrator's)."""
+    mine = points(job)
     if job.get("turns") != "concurrency":
-        return list(cs)
-    every = job.get("call_concurrency", cs)
-    c = every[number % len(every)]
-    return [c] if c in cs else []
+        return mine
+    every = job.get("call_points") or [str(c) for c in job.get("call_concurrency", job["concurrency"])]
+    key = every[number % len(every)]
+    return [point for point in mine if point[0] == key]
 
 
-def batch_of(job: dict, c: int, tokens: int | None = None):
-    """``c`` requests of ``job``'s prompts (repeated past their number) and their greedy sampling parameters
-    (``tokens`` output tokens, default ``job["tokens"]``; EOS ignored)."""
+def turn_concurrency(job: dict, number: int) -> list[int]:
+    """The concurrencies of :func:`turn_points` (a job without prompt sets)."""
+    return [c for _, c, _ in turn_points(job, number)]
+
+
+def batch_of(job: dict, c: int, tokens: int | None = None, prompts: list[list[int]] | None = None):
+    """``c`` requests of ``prompts`` (default ``job["prompts"]``; repeated past their number) and their sampling
+    parameters (``tokens`` output tokens, default ``job["tokens"]``; EOS ignored): greedy, or with
+    ``job["temperature"]`` above 0 sampled at it, request ``i`` seeded with ``i`` (the same seeds in every engine)."""
     from vllm import SamplingParams
 
-    prompts = job["prompts"]
+    prompts = prompts or job["prompts"]
     batch = [{"prompt_token_ids": prompts[i % len(prompts)]} for i in range(c)]
-    return batch, SamplingParams(temperature=0, max_tokens=tokens or job["tokens"], ignore_eos=True,
-                                 detokenize=False)
+    temperature = job.get("temperature") or 0
+    if not temperature:
+        return batch, SamplingParams(temperature=0, max_tokens=tokens or job["tokens"], ignore_eos=True,
+                                     detokenize=False)
+    return batch, [SamplingParams(temperature=temperature, seed=i, max_tokens=tokens or job["tokens"],
+                                  ignore_eos=True, detokenize=False) for i in range(c)]
 
 
 def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
@@ -134,36 +160,42 @@ def profile_batch(llm, job: dict, c: int, folder: Path) -> str:
     return str(path)
 
 
-def measure(llm, job: dict, c: int, first: bool) -> dict:
-    """``c`` requests at once: a warm-up batch, ``job["reps"]`` timed batches (the best counts), the spec-decode
-    counters over them, the share of this engine's CPU time the hypervisor took meanwhile (``steal_share``,
-    :func:`steal_share`) and where its busy threads ran (``busy``, ``shared_core``: :func:`busy_threads`). The
-    ``first`` measurement of ``c`` warms up with a full-length batch (lazily compiled kernels, every batch shape it
-    meets) and adds a shorter batch under the step timer (:mod:`kimi_lab.bench.timers`); a later one warms up with
+def measure(llm, job: dict, c: int, first: bool, prompts: list[list[int]] | None = None) -> dict:
+    """``c`` requests at once (of ``prompts``, default ``job["prompts"]``): a warm-up batch, ``job["reps"]`` timed
+    batches (the best counts), the spec-decode counters over them (``draft_tokens``: the drafts vLLM counts,
+    scheduled; ``verified``: the drafts adaptive verification verified, None without it), the share of this
+    engine's CPU time the hypervisor took meanwhile (``steal_share``, :func:`steal_share`) and where its busy
+    threads ran (``busy``, ``shared_core``: :func:`busy_threads`). The ``first`` measurement of ``c`` warms up with a
+    full-length batch (lazily compiled kernels, every batch shape it meets) and, unless ``job["step_times"]`` is
+    false, adds a shorter batch under the step timer (:mod:`kimi_lab.bench.timers`); a later one warms up with
     ``job["rewarm_tokens"]`` output tokens (default: the full length) -- the shapes are known by then, the warm-up
     only wakes the engine."""
     from vllm import SamplingParams
 
     tokens = job["tokens"]
-    batch, params = batch_of(job, c)
-    llm.generate(*batch_of(job, c, None if first else job.get("rewarm_tokens")), use_tqdm=False)
-    before, stolen, threads = spec_metrics(llm.get_metrics()), steal_seconds(), thread_cpu()
+    batch, params = batch_of(job, c, prompts=prompts)
+    llm.generate(*batch_of(job, c, None if first else job.get("rewarm_tokens"), prompts), use_tqdm=False)
+    metrics = llm.get_metrics()
+    before, verified, stolen, threads = spec_metrics(metrics), adaptive_verified(metrics), steal_seconds(), thread_cpu()
     walls = []
     for _ in range(job["reps"]):
         t1 = time.perf_counter()
         outputs = llm.generate(batch, params, use_tqdm=False)
         walls.append(time.perf_counter() - t1)
-    threads_after, after, stolen_after = thread_cpu(), spec_metrics(llm.get_metrics()), steal_seconds()
+    threads_after, metrics, stolen_after = thread_cpu(), llm.get_metrics(), steal_seconds()
+    after, verified_after = spec_metrics(metrics), adaptive_verified(metrics)
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     wall = min(walls)
     entry = {"tok_s": produced / wall, "tpot_ms": 1e3 * wall / tokens, "walls_s": walls, "output_tokens": produced,
              "drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts if drafts else None,
+             "draft_tokens": after["num_draft_tokens"] - before["num_draft_tokens"],
+             "verified": None if verified_after is None else verified_after - (verified or 0.0),
              "steal_share": steal_share(stolen, stolen_after, sum(walls)),
              **busy_threads(threads, threads_after, sum(walls), machine_cores()),
              "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
-    if first:
+    if first and job.get("step_times", True):
         llm.collective_rpc(install_timer)
         try:
             llm.generate(batch, SamplingParams(temperature=0, max_tokens=min(tokens, 48), ignore_eos=True,
@@ -211,7 +243,7 @@ def busy_threads(before: dict[int, tuple[float, int]], after: dict[int, tuple[fl
     return {"busy": busy, "shared_core": len(set(places)) < len(places)}
 
 
-ROUND_KEYS = ("tok_s", "steal_share", "busy", "shared_core")
+ROUND_KEYS = ("tok_s", "tau", "draft_tokens", "verified", "steal_share", "busy", "shared_core")
 """The per-measurement values :func:`merge_round` keeps for every round (as ``<key>_rounds``)."""
 
 

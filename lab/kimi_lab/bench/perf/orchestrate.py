@@ -13,6 +13,7 @@ from pathlib import Path
 from kimi_lab.bench.hardware import cpu_groups
 from kimi_lab.bench.perf import log
 from kimi_lab.bench.perf.analysis import summarize
+from kimi_lab.bench.perf.measure import call_points
 from kimi_lab.bench.perf.plan import variant_env
 from kimi_lab.bench.perf.render import write_outputs
 from kimi_lab.bench.workers import WorkerProcess, give_turn
@@ -35,7 +36,7 @@ class Worker:
             for old in scratch.glob(f"{turn.name}.go*"):
                 old.unlink(missing_ok=True)
             job = {**job, "turn": str(turn), "turn_timeout_s": args.budget_s, "turns": args.turns,
-                   "call_concurrency": args.concurrency}
+                   "call_concurrency": args.concurrency, "call_points": call_points(job, args.concurrency)}
         env = variant_env(args, job, scratch, cache)
         if threads:
             env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
@@ -164,13 +165,15 @@ def measure_rounds(args: argparse.Namespace, live: list[dict], workers: dict, de
                    report) -> None:
     """The rounds of :func:`run_parallel` over the engines that are up. A round is one turn per engine (``--turns
     engine``: each measures every concurrency) or one turn per engine and concurrency (``--turns concurrency``:
-    the engines take turns at each concurrency, so the rates they are compared by are seconds apart). Turns are
+    the engines take turns at each concurrency -- at each point, where the jobs measure prompt sets
+    (:func:`kimi_lab.bench.perf.measure.points`) -- so the rates they are compared by are seconds apart). Turns are
     numbered from 0 across rounds; the engine order is the plan's, reversed every other turn of a round and every
     other round (a drift favours no engine). A round starts only when the time left holds it (as long as the
     previous round, plus a margin), so every engine gets the same number of rounds; otherwise the engines are
     told to stop and keep what they measured. An engine that dies or overruns a turn is collected with what it
     wrote."""
-    slots = len(args.concurrency) if args.turns == "concurrency" else 1
+    # a turn per point: per concurrency, or per prompt set and concurrency (kimi_lab.bench.perf.measure.points)
+    slots = len(call_points(live[0], args.concurrency)) if args.turns == "concurrency" and live else 1
     last_round_s = 0.0
     for rnd in range(args.rounds):
         round_began = time.monotonic()
