@@ -20,8 +20,9 @@
 #     2.14.0): that torch (cp312 manylinux x86_64), the triton and nvidia-nccl-cu13 its wheel pins (the host's
 #     NCCL 2.28.9 lacks ncclCommResume) and the torchvision the release pins (the host's 0.26 is built for
 #     torch 2.11);
-#   - the wheels of host packages whose known host version misses a pin (lab/kimi_lab/gpukit.py HOST_VERSIONS), and of
-#     host packages that a carried wheel breaks (HOST_REQUIRES: 0.34.0's huggingface-hub 2.x, transformers);
+#   - the wheels of host packages whose known host version misses a pin (HOST_VERSIONS in
+#     lab/kimi_lab/kit/requirements.py), and of host packages that a carried wheel breaks (HOST_REQUIRES:
+#     0.34.0's huggingface-hub 2.x, transformers);
 #     pins on host packages of unknown version are listed in OUT_DIR/host-pins.txt and checked on the host
 #     when the kit is installed (logs/check-reqs.log);
 #   - what kimi/lines/LINE/gpu-kit.txt names (requirements the release needs that the shared resolver skips;

@@ -1,6 +1,6 @@
 """benchmarks/gpu_call.sh, the device command, and lab/kimi_lab/gpukit.py, the kit's chunks and manifest.
 
-The light tests build a small fake kit with kimi_lab.gpukit.pack (fake wheels: a torch that imports only with the
+The light tests build a small fake kit with kimi_lab.pack (fake wheels: a torch that imports only with the
 carried NCCL on LD_LIBRARY_PATH, as torch 2.13 on the host; a vllm tree; a payload folder), carry its chunks
 call by call into a copy of the repository and run gpu_call.sh with KIMI_KIT_STASH/KIMI_SITE in tmp folders:
 bad chunks refused by name, the missing list, the cold-restart message, the install only once complete, the
@@ -25,7 +25,19 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from kimi_lab import gpukit
+from kimi_lab.kit.base import MANIFEST, KitError, MiB
+from kimi_lab.kit.plan import default_chunk_mib, tree_bytes
+from kimi_lab.kit.requirements import host_broken, host_pins, host_pins_report
+from kimi_lab.kit.stream import pack, rechunk
+from kimi_lab.kit.wheels import (
+    exact_pins,
+    kit_line,
+    kit_torch,
+    line_requires,
+    requirement_specs,
+    torch_stack,
+    wheel_requires,
+)
 
 SCRIPT = ROOT / "benchmarks" / "gpu_call.sh"
 GPUKIT = ROOT / "lab" / "kimi_lab" / "gpukit.py"
@@ -101,23 +113,26 @@ def _fake_kit(tmp: Path, *, nccl: bool = True, chunk_bytes: int = 4096) -> Path:
     pair = src / "pair"
     pair.mkdir()
     (pair / "config.json").write_text(json.dumps({"model_type": "llama"}) + "\n")
-    man = gpukit.pack(tmp / "kit", chunk_bytes / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", wheels)],
+    man = pack(tmp / "kit", chunk_bytes / MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", wheels)],
                       [(".kimi/models/pair", pair)], {"version": "0.32.0", "torch": "2.13.0", "skip": []})
     assert len(man["chunks"]) >= 3
     return tmp / "kit"
 
 
 def _repo(tmp: Path, kit: Path, carry: list[str], manifest: bool = True) -> Path:
-    """tmp/repo as a device call lays it: the scripts, lab/kimi_lab/gpukit.py, the carried kit files only."""
+    """tmp/repo as a device call lays it: the scripts, lab/kimi_lab/gpukit.py and kit/, the carried kit files."""
     repo = tmp / "repo"
     (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
     (repo / "lab" / "kimi_lab").mkdir(parents=True, exist_ok=True)
     shutil.copy2(SCRIPT, repo / "benchmarks" / "gpu_call.sh")
     shutil.copy2(GPUKIT, repo / "lab" / "kimi_lab" / "gpukit.py")
+    shutil.copy2(GPUKIT.parent / "__init__.py", repo / "lab" / "kimi_lab" / "__init__.py")
+    shutil.copytree(GPUKIT.parent / "kit", repo / "lab" / "kimi_lab" / "kit", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     dest = repo / KIT
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    for name in [*carry, *([gpukit.MANIFEST] if manifest else [])]:
+    for name in [*carry, *([MANIFEST] if manifest else [])]:
         shutil.copy2(kit / name, dest / name)
     return repo
 
@@ -133,7 +148,7 @@ def _call(repo: Path, tmp: Path, n: int, *args: str, **env: str) -> subprocess.C
 
 
 def _names(kit: Path) -> list[str]:
-    return [c["name"] for c in json.loads((kit / gpukit.MANIFEST).read_text())["chunks"]]
+    return [c["name"] for c in json.loads((kit / MANIFEST).read_text())["chunks"]]
 
 
 def _steps(tmp: Path, n: int) -> list[str]:
@@ -144,7 +159,7 @@ def _steps(tmp: Path, n: int) -> list[str]:
 
 def test_pack_writes_one_stream_cut_into_chunks_with_a_manifest(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
-    man = json.loads((kit / gpukit.MANIFEST).read_text())
+    man = json.loads((kit / MANIFEST).read_text())
     data = b"".join((kit / c["name"]).read_bytes() for c in man["chunks"])
     assert [c["name"] for c in man["chunks"]] == [f"chunk{i:02d}" for i in range(len(man["chunks"]))]
     assert all(c["size"] == man["chunk_size"] == 4096 for c in man["chunks"][:-1])
@@ -161,62 +176,62 @@ def test_pack_writes_one_stream_cut_into_chunks_with_a_manifest(tmp_path: Path) 
     # the same inputs make the same stream; another chunk size replaces every chunk; two wheels of one project
     # are refused
     os.utime(tmp_path / "src" / "wheels", (1, 1))
-    again = gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", tmp_path / "src" / "vllm.tar.xz"),
+    again = pack(kit, 4096 / MiB, [("vllm.tar.xz", tmp_path / "src" / "vllm.tar.xz"),
                                                   ("wheels", tmp_path / "src" / "wheels")],
                         [(".kimi/models/pair", tmp_path / "src" / "pair")], {"version": "0.32.0", "torch": "2.13.0",
                                                                              "skip": []})
     assert again["total_sha256"] == man["total_sha256"] and again["chunks"] == man["chunks"]
-    gpukit.pack(kit, 3 * 4096 / gpukit.MiB, [("wheels", tmp_path / "src" / "wheels")], [], {"version": "x"})
+    pack(kit, 3 * 4096 / MiB, [("wheels", tmp_path / "src" / "wheels")], [], {"version": "x"})
     assert sorted(p.name for p in kit.glob("chunk*")) == _names(kit)
     _wheel(tmp_path / "src" / "wheels", "torch", "2.12.0", {"torch/__init__.py": ""})
-    with pytest.raises(gpukit.KitError, match="two wheels of one project"):
-        gpukit.pack(kit, 1, [("wheels", tmp_path / "src" / "wheels")], [], {})
+    with pytest.raises(KitError, match="two wheels of one project"):
+        pack(kit, 1, [("wheels", tmp_path / "src" / "wheels")], [], {})
 
 
 def test_rechunk_cuts_the_same_stream_again_and_refuses_a_broken_kit(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
-    before = json.loads((kit / gpukit.MANIFEST).read_text())
+    before = json.loads((kit / MANIFEST).read_text())
     stream = b"".join((kit / c["name"]).read_bytes() for c in before["chunks"])
-    after = gpukit.rechunk(kit, 3 * 4096 / gpukit.MiB)
+    after = rechunk(kit, 3 * 4096 / MiB)
     assert after["kit_id"] == before["kit_id"] and after["chunk_size"] == 3 * 4096
     assert len(after["chunks"]) == -(-len(stream) // (3 * 4096)) < len(before["chunks"])
     assert sorted(p.name for p in kit.glob("chunk*")) == _names(kit) and not (kit / ".rechunk").exists()
     assert b"".join((kit / c["name"]).read_bytes() for c in after["chunks"]) == stream
     assert all(hashlib.sha256((kit / c["name"]).read_bytes()).hexdigest() == c["sha256"] for c in after["chunks"])
     (kit / "chunk01").write_bytes(b"x" * 10)  # a damaged chunk: nothing is replaced
-    with pytest.raises(gpukit.KitError, match="do not make the stream"):
-        gpukit.rechunk(kit, 4096 / gpukit.MiB)
-    assert json.loads((kit / gpukit.MANIFEST).read_text())["chunks"] == after["chunks"]
+    with pytest.raises(KitError, match="do not make the stream"):
+        rechunk(kit, 4096 / MiB)
+    assert json.loads((kit / MANIFEST).read_text())["chunks"] == after["chunks"]
 
 
 def test_default_chunk_leaves_room_for_the_working_tree() -> None:
-    assert gpukit.default_chunk_mib(int(2.7 * gpukit.MiB)) == 57
-    assert gpukit.default_chunk_mib(0) == 60
-    with pytest.raises(gpukit.KitError):
-        gpukit.default_chunk_mib(61 * gpukit.MiB)
-    assert gpukit.tree_bytes(ROOT) > 0
+    assert default_chunk_mib(int(2.7 * MiB)) == 57
+    assert default_chunk_mib(0) == 60
+    with pytest.raises(KitError):
+        default_chunk_mib(61 * MiB)
+    assert tree_bytes(ROOT) > 0
 
 
 def test_torch_stack_comes_from_the_torch_wheels_own_pins(tmp_path: Path) -> None:
     pins = ("filelock", 'triton==3.7.1; platform_system == "Linux"',
             'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"', 'optree>=0.13.0; extra == "optree"')
     torch = _wheel(tmp_path, "torch", "2.13.0", {}, pins)
-    assert gpukit.torch_stack(torch) == ("2.13.0", ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"], [])
+    assert torch_stack(torch) == ("2.13.0", ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"], [])
     other = _wheel(tmp_path / "b", "torch", "2.99.0", {}, pins)
-    version, reqs, warnings = gpukit.torch_stack(other)
+    version, reqs, warnings = torch_stack(other)
     assert reqs == ["triton==3.7.1", "nvidia-nccl-cu13==2.29.7"] and "not tried on the GPU host" in warnings[0]
-    with pytest.raises(gpukit.KitError, match="pins no nvidia-nccl-cu13"):
-        gpukit.torch_stack(_wheel(tmp_path / "c", "torch", "2.13.0", {}, pins[:2]))
+    with pytest.raises(KitError, match="pins no nvidia-nccl-cu13"):
+        torch_stack(_wheel(tmp_path / "c", "torch", "2.13.0", {}, pins[:2]))
     vllm = _wheel(tmp_path, "vllm", "0.32.0", {}, ("torch==2.13.0", "torchvision==0.28.0", "regex"))
-    assert gpukit.exact_pins(gpukit.wheel_requires(vllm)) == {"torch": "2.13.0", "torchvision": "0.28.0"}
+    assert exact_pins(wheel_requires(vllm)) == {"torch": "2.13.0", "torchvision": "0.28.0"}
     # torch 2.14 requires triton~=3.8.0, a range: it travels as the wheel says (the newest 3.8.x)
     ranged = _wheel(tmp_path / "d", "torch", "2.14.0", {}, (
         'triton~=3.8.0; platform_system == "Linux" and python_version < "3.15"',
         'nvidia-nccl-cu13==2.30.7; platform_system == "Linux"',
         'cuda-bindings<14,>=13.0.3; platform_system == "Linux"'))
-    assert gpukit.torch_stack(ranged)[1] == ["triton~=3.8.0", "nvidia-nccl-cu13==2.30.7"]
-    assert gpukit.requirement_specs(gpukit.wheel_requires(ranged))["cuda-bindings"] == "<14,>=13.0.3"
-    assert gpukit.exact_pins(["torch (==2.14.0)", "triton~=3.8.0"]) == {"torch": "2.14.0"}
+    assert torch_stack(ranged)[1] == ["triton~=3.8.0", "nvidia-nccl-cu13==2.30.7"]
+    assert requirement_specs(wheel_requires(ranged))["cuda-bindings"] == "<14,>=13.0.3"
+    assert exact_pins(["torch (==2.14.0)", "triton~=3.8.0"]) == {"torch": "2.14.0"}
 
 
 def test_the_kits_line_is_named_or_found_by_the_version_its_pin_names(tmp_path: Path) -> None:
@@ -227,20 +242,20 @@ def test_the_kits_line_is_named_or_found_by_the_version_its_pin_names(tmp_path: 
         artifacts = {"cuda_wheel": {"file": f"vllm-{version}.whl", "sha256": sha}} if sha else {}
         (lines / line / "pin.json").write_text(json.dumps({"version": version, "torch": "2.13.0",
                                                            "artifacts": artifacts}))
-    assert gpukit.kit_line(lines) == ("mainline", "0.32.0", "a" * 64)
-    assert gpukit.kit_line(lines, version="0.34.0") == ("next", "0.34.0", "b" * 64)
-    assert gpukit.kit_line(lines, line="next") == ("next", "0.34.0", "b" * 64)
-    assert gpukit.kit_line(lines, version="0.26.0") == ("v0.26", "0.26.0", "")
-    assert gpukit.kit_line(lines, version="0.33.0") == ("mainline", "0.33.0", "")  # no pin: nothing to check against
-    with pytest.raises(gpukit.KitError, match="line next pins vLLM 0.34.0, not 0.32.0"):
-        gpukit.kit_line(lines, line="next", version="0.32.0")
-    with pytest.raises(gpukit.KitError, match="no line 'nope'"):
-        gpukit.kit_line(lines, line="nope")
+    assert kit_line(lines) == ("mainline", "0.32.0", "a" * 64)
+    assert kit_line(lines, version="0.34.0") == ("next", "0.34.0", "b" * 64)
+    assert kit_line(lines, line="next") == ("next", "0.34.0", "b" * 64)
+    assert kit_line(lines, version="0.26.0") == ("v0.26", "0.26.0", "")
+    assert kit_line(lines, version="0.33.0") == ("mainline", "0.33.0", "")  # no pin: nothing to check against
+    with pytest.raises(KitError, match="line next pins vLLM 0.34.0, not 0.32.0"):
+        kit_line(lines, line="next", version="0.32.0")
+    with pytest.raises(KitError, match="no line 'nope'"):
+        kit_line(lines, line="nope")
     # a line's gpu-kit.txt: what its release needs that the shared resolver skips (0.34.0: the CuTe DSL)
     (lines / "next" / "gpu-kit.txt").write_text("# why\nnvidia-cutlass-dsl==4.8.0  # the DSL\n\nx-libs-cu13==4.8.0\n")
-    assert gpukit.line_requires(lines, "next") == ["nvidia-cutlass-dsl==4.8.0", "x-libs-cu13==4.8.0"]
-    assert gpukit.line_requires(lines, "mainline") == []
-    shipped = gpukit.line_requires(ROOT / "kimi" / "lines", "mainline")
+    assert line_requires(lines, "next") == ["nvidia-cutlass-dsl==4.8.0", "x-libs-cu13==4.8.0"]
+    assert line_requires(lines, "mainline") == []
+    shipped = line_requires(ROOT / "kimi" / "lines", "mainline")
     assert "nvidia-cutlass-dsl-libs-cu13==4.8.0" in shipped and not any("cu12" in r for r in shipped)
 
 
@@ -248,13 +263,13 @@ def test_a_gpu_kits_torch_is_the_cuda_wheels_not_the_lines_cpu_torch(tmp_path: P
     """The next line's pin says torch 2.13.0 (its CPU path); vLLM 0.34.0's CUDA wheel requires 2.14.0: the kit
     carries 2.14.0, and the pin's torch is never a GPU kit's fallback."""
     wheel = _wheel(tmp_path, "vllm", "0.34.0", {}, ("torch==2.14.0", "torchvision==0.29.0", "regex"))
-    assert gpukit.kit_torch(wheel) == "2.14.0" and gpukit.kit_torch(wheel, "2.14.0") == "2.14.0"
-    with pytest.raises(gpukit.KitError, match="requires torch==2.14.0, not KIMI_KIT_TORCH=2.13.0"):
-        gpukit.kit_torch(wheel, "2.13.0")
+    assert kit_torch(wheel) == "2.14.0" and kit_torch(wheel, "2.14.0") == "2.14.0"
+    with pytest.raises(KitError, match="requires torch==2.14.0, not KIMI_KIT_TORCH=2.13.0"):
+        kit_torch(wheel, "2.13.0")
     unpinned = _wheel(tmp_path / "u", "vllm", "0.99.0", {}, ("torch>=2.11", "regex"))
-    with pytest.raises(gpukit.KitError, match="pins no torch"):
-        gpukit.kit_torch(unpinned)
-    assert gpukit.kit_torch(unpinned, "2.14.1") == "2.14.1"
+    with pytest.raises(KitError, match="pins no torch"):
+        kit_torch(unpinned)
+    assert kit_torch(unpinned, "2.14.1") == "2.14.1"
     run = subprocess.run([sys.executable, str(GPUKIT), "kit-torch", str(wheel), "--torch", ""],
                          capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "2.14.0"
@@ -265,10 +280,10 @@ def test_host_pins_carry_only_what_the_host_has_too_old(tmp_path: Path) -> None:
     w = _wheel(tmp_path, "carried", "1.0", {}, ("numpy<2.4,>=1.25", "transformers>=9.0", "aiohttp>=3.14.3",
                                                  "nvidia-cudnn-cu13==9.20.0.48", "tokenizers>=0.23.2", "jax>=0.1"))
     host = {"numpy", "transformers", "aiohttp", "nvidia-cudnn-cu13", "tokenizers"}
-    states = {e["name"]: e["state"] for e in gpukit.host_pins([w], host, set())}
+    states = {e["name"]: e["state"] for e in host_pins([w], host, set())}
     assert states == {"numpy": "newer", "transformers": "older", "aiohttp": "unknown", "nvidia-cudnn-cu13": "older",
                       "tokenizers": "ok"}
-    lines = "\n".join(gpukit._host_pins_report(gpukit.host_pins([w], host, set())))
+    lines = "\n".join(host_pins_report(host_pins([w], host, set())))
     assert "host misses, carried: transformers" in lines and "host misses, reported only: nvidia-cudnn-cu13" in lines
     assert "host newer, reported only: numpy" in lines
     assert "unverified (checked on the host at install): aiohttp" in lines
@@ -280,9 +295,9 @@ def test_a_host_package_that_a_carried_wheel_breaks_travels_too(tmp_path: Path) 
     pytest.importorskip("packaging")
     vllm = _wheel(tmp_path, "vllm", "0.34.0", {}, ("transformers<5.23.0,>=5.16.1", "huggingface_hub>=2.0.0"))
     hub2 = _wheel(tmp_path / "a", "huggingface_hub", "2.4.0", {})
-    assert gpukit.host_broken(vllm, [hub2]) == ["transformers<5.23.0,>=5.16.1"]
-    assert gpukit.host_broken(vllm, [_wheel(tmp_path / "b", "huggingface_hub", "1.40.0", {})]) == []
-    assert gpukit.host_broken(vllm, [hub2, _wheel(tmp_path / "c", "transformers", "5.22.0", {})]) == []
+    assert host_broken(vllm, [hub2]) == ["transformers<5.23.0,>=5.16.1"]
+    assert host_broken(vllm, [_wheel(tmp_path / "b", "huggingface_hub", "1.40.0", {})]) == []
+    assert host_broken(vllm, [hub2, _wheel(tmp_path / "c", "transformers", "5.22.0", {})]) == []
 
 
 def test_calls_helper_prints_the_device_calls_in_order(tmp_path: Path) -> None:
@@ -308,7 +323,7 @@ def test_calls_helper_prints_the_device_calls_in_order(tmp_path: Path) -> None:
 def test_chunks_stashed_call_by_call_bad_ones_refused_and_install_only_when_complete(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
     names = _names(kit)
-    site, box = tmp_path / "site", tmp_path / "stash" / json.loads((kit / gpukit.MANIFEST).read_text())["kit_id"]
+    site, box = tmp_path / "site", tmp_path / "stash" / json.loads((kit / MANIFEST).read_text())["kit_id"]
     first = _call(_repo(tmp_path, kit, [names[0]]), tmp_path, 0)
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"stashed {names[0]}" in first.stdout
@@ -337,7 +352,7 @@ def test_chunks_stashed_call_by_call_bad_ones_refused_and_install_only_when_comp
     assert "(the kit pins torch 2.13.0)" in last.stdout
     assert "missing  kimi-fake-missing; wanted >=1.0 (vllm)" in last.stdout  # check-reqs: a requirement nothing meets
     assert (site / "vllm" / "_version.py").is_file() and (site / "torch" / "__init__.py").is_file()
-    assert (site / ".kit-sha256").read_text().strip() == json.loads((kit / gpukit.MANIFEST).read_text())["total_sha256"]
+    assert (site / ".kit-sha256").read_text().strip() == json.loads((kit / MANIFEST).read_text())["total_sha256"]
     assert (tmp_path / "upstream" / "vllm" / "_version.py").is_file()
     pair = tmp_path / "repo" / ".kimi" / "models" / "pair"  # the payload, linked at its path in the repository
     assert pair.is_symlink() and json.loads((pair / "config.json").read_text())["model_type"] == "llama"
@@ -373,7 +388,7 @@ def test_a_cold_machine_is_recognised_and_the_chunks_from_the_start_named(tmp_pa
 def test_the_whole_streams_sha256_is_checked_before_unpacking(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
     names = _names(kit)
-    man = json.loads((kit / gpukit.MANIFEST).read_text())
+    man = json.loads((kit / MANIFEST).read_text())
     # a chunk changed in the stash after it was checked: named, removed, nothing installed
     _call(_repo(tmp_path, kit, names[:-1]), tmp_path, 0)
     box = tmp_path / "stash" / man["kit_id"]
@@ -383,7 +398,7 @@ def test_the_whole_streams_sha256_is_checked_before_unpacking(tmp_path: Path) ->
     assert not (tmp_path / "site").exists()
     # a manifest whose chunks are right but whose total is not (not of one build): refused before unpacking
     man["total_sha256"] = "0" * 64
-    (kit / gpukit.MANIFEST).write_text(json.dumps(man))
+    (kit / MANIFEST).write_text(json.dumps(man))
     r = _call(_repo(tmp_path, kit, names), tmp_path, 2)
     assert r.returncode == 2 and "total sha256 check FAILED" in r.stdout and not (tmp_path / "site").exists()
     assert _steps(tmp_path, 2) == ["stash", "kit_unpack"]
@@ -399,7 +414,7 @@ def test_the_kits_torch_is_checked_and_needs_the_carried_nccl(tmp_path: Path) ->
 def test_a_failed_install_stops_the_call_with_pips_words(tmp_path: Path) -> None:
     kit = _fake_kit(tmp_path)
     (tmp_path / "src" / "wheels" / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
-    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", tmp_path / "src" / "vllm.tar.xz"),
+    pack(kit, 4096 / MiB, [("vllm.tar.xz", tmp_path / "src" / "vllm.tar.xz"),
                                           ("wheels", tmp_path / "src" / "wheels")], [], {"torch": "2.13.0"})
     r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0)
     assert r.returncode != 0 and "broken-1.0" in r.stdout and _steps(tmp_path, 0)[-1] == "kit_install"
@@ -411,7 +426,7 @@ def test_the_kit_with_chunks_is_taken_when_an_older_kits_manifest_is_left(tmp_pa
     repo = _repo(tmp_path, kit, _names(kit)[:1])
     stale = repo / ".kimi" / "gpu-kit-0.26.0"  # a warm machine keeps the ignored paths of earlier calls
     stale.mkdir()
-    shutil.copy2(kit / gpukit.MANIFEST, stale / gpukit.MANIFEST)
+    shutil.copy2(kit / MANIFEST, stale / MANIFEST)
     r = _call(repo, tmp_path, 0)
     assert r.returncode == 0 and f"stashed {_names(kit)[0]}" in r.stdout, r.stdout + r.stderr
     shutil.copy2(kit / _names(kit)[1], stale / _names(kit)[1])
@@ -442,7 +457,7 @@ def test_the_kits_line_is_the_series_put_on_the_installed_vllm(tmp_path: Path) -
     src = tmp_path / "src"
     _fake_kit(tmp_path)
     kit = tmp_path / "kit-next"
-    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
+    pack(kit, 4096 / MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
                 {"version": "0.34.0", "line": "next", "torch": "2.13.0", "skip": []})
     env = {"KIMI_GPU_STEPS": "install", "KIMI_PYTHON": str(_recording_python(tmp_path))}
     r = _call(_repo(tmp_path, tmp_path / "kit", _names(tmp_path / "kit")), tmp_path, 0, **env)
@@ -478,7 +493,7 @@ def test_what_the_sites_pth_files_add_is_on_the_path(tmp_path: Path) -> None:
         "fakedsl_packages.pth": "import sys, os, fakedsl; "
                                 "sys.path.insert(0, os.path.join(fakedsl.__path__[0], 'dsl_packages'))\n"})
     kit = tmp_path / "kit-dsl"
-    gpukit.pack(kit, 4096 / gpukit.MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
+    pack(kit, 4096 / MiB, [("vllm.tar.xz", src / "vllm.tar.xz"), ("wheels", src / "wheels")], [],
                 {"version": "0.34.0", "line": "next", "torch": "2.13.0", "skip": []})
     env = {"KIMI_GPU_STEPS": "all", "KIMI_PYTHON": str(_recording_python(tmp_path))}
     r = _call(_repo(tmp_path, kit, _names(kit)), tmp_path, 0, sys.executable, "-c",
@@ -528,7 +543,7 @@ def test_rehearsal_of_the_device_calls_with_the_real_kit(tmp_path: Path) -> None
     kit_dir = ROOT / ".kimi" / f"gpu-kit-{version}"
     pyenv = sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))
     python = (pyenv[-1] if pyenv else None) or shutil.which("python3.12")
-    if not (kit_dir / gpukit.MANIFEST).is_file() or not python:
+    if not (kit_dir / MANIFEST).is_file() or not python:
         pytest.skip(f"needs {kit_dir} (bash benchmarks/gpu_kit.sh) and a python3.12")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
@@ -541,7 +556,7 @@ def test_rehearsal_of_the_device_calls_with_the_real_kit(tmp_path: Path) -> None
         kit = clone / ".kimi" / kit_dir.name
         shutil.rmtree(kit, ignore_errors=True)
         kit.mkdir(parents=True)
-        for f in (gpukit.MANIFEST, name):
+        for f in (MANIFEST, name):
             os.link(kit_dir / f, kit / f)
         result = _call(clone, tmp_path, n, **env)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,7 +1,8 @@
 """The measurement lab: what measures the fork and carries it to the GPU host, outside the installed ``kimi``.
 
 * :mod:`kimi_lab.bench`: the harness the ``benchmarks/*.py`` scripts share;
-* :mod:`kimi_lab.gpukit`: the offline GPU host's install kit (standard library only, run as a script);
+* :mod:`kimi_lab.gpukit`: the offline GPU host's install kit (standard library only), run as a script; the work is
+  in :mod:`kimi_lab.kit`;
 * :mod:`kimi_lab.drafter`: the drafter-assumption table, its lying copies and the corpus built from them, and our
   drafter as other tools write it.
 
