@@ -26,7 +26,8 @@ from types import SimpleNamespace
 from kimi.drafter.checkpoint import read_config, text_config
 from kimi.drafter.inspect import inspect
 from kimi.errors import KimiError
-from kimi_lab.drafter.assumptions import ASSUMPTIONS, Assumption, as_torch, make_copy
+from kimi_lab.drafter.assumptions import ASSUMPTIONS, Assumption, make_copy
+from kimi_lab.drafter.lies import as_torch
 
 REFUSED, SERVED = "refused", "served"
 #: Good drafters: name -> (drafter, target), relative to the folder holding ``pair/`` (the shipped pair) and
