@@ -35,7 +35,7 @@ LAYERS = (
     Layer("floor", "what everything shares: errors, logging, the fork's paths, pins, files and tooling",
           ("errors", "log", "fork")),
     Layer("features", "what a patched vLLM runs, a package per feature",
-          ("cpu_mla", "cpu_platform", "spec", "drafter", "kernels", "origin")),
+          ("cpu_mla", "cpu_platform", "cpu_quantization", "spec", "drafter", "kernels", "origin")),
     Layer("tools", "reference models, engine runs, training", ("models", "e2e", "train")),
     Layer("commands", "the kimi command and the environments it makes",
           ("devenv", "demo", "cli", "__main__", "__init__")),

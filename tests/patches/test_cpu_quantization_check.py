@@ -68,7 +68,7 @@ def refusal(config: dict, dtype: str = "bfloat16", moe_backend: str = "auto") ->
     import torch
     from vllm.model_executor.layers.quantization import get_quantization_config
 
-    from kimi.hooks.cpu_quantization_check import cpu_refusal
+    from kimi.cpu_quantization.check import cpu_refusal
 
     raw = config["quantization_config"]
     quant = get_quantization_config(raw["quant_method"]).from_config(raw)
@@ -213,7 +213,7 @@ def _upstream_moe_method(config: dict, layer: int):
         CompressedTensorsMoEMethod,
     )
 
-    from kimi.hooks.cpu_quantization_check import _moe_config
+    from kimi.cpu_quantization.check import _moe_config
 
     experts = type("RoutedExperts", (), {"moe_config": _moe_config(SimpleNamespace(**config), torch.bfloat16),
                                          "ckpt_gate_proj_name": "gate_proj", "ckpt_up_proj_name": "up_proj",
