@@ -31,7 +31,7 @@ from vllm.logger import init_logger
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under vllm's logger, whose handler prints INFO
 
 #: Methods whose speculator has draft confidences without a draft model's logits.
 CONFIDENCES_WITHOUT_DRAFT_MODEL = frozenset({"suffix"})

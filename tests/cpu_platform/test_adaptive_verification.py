@@ -132,6 +132,32 @@ def test_the_budget_goes_to_the_most_confident_request():
     assert budget_for(manager, [0.95, 0.2]) == (3, [3, 0])
 
 
+def test_the_cost_curves_reach_vllms_log():
+    """The curves are logged at INFO through vLLM's logger, whose handler writes the engine's log: a module
+    logger outside ``vllm.`` is left at the root's WARNING and the line never reached a worker log."""
+    import logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    keep = Keep()
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    vllm_logger.addHandler(keep)
+    vllm_logger.setLevel(logging.INFO)  # what an engine's logging configuration sets (VLLM_LOGGING_LEVEL)
+    try:
+        profiled_tables(base_ms=0.1, ms_per_token=0.01, draft_ms=0.1)
+    finally:
+        vllm_logger.removeHandler(keep)
+        vllm_logger.setLevel(level)
+    assert any(line.startswith("adaptive verification, eager cost curves (ms)") for line in keep.lines), keep.lines
+
+
 def test_profile_token_counts_and_median_curve():
     assert profile_token_counts(4, 4, 64) == [1, 2, 4, 8, 16]
     assert profile_token_counts(3, 4, 10) == [1, 2, 4, 8, 10]
