@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under vllm's logger, whose handler prints INFO
 
 ATTENTION_BACKEND = "kimi.cpu_platform.attention.TorchCpuAttentionBackend"
 MLA_BACKEND = "kimi.cpu_mla.backend.CpuMLABackend"

@@ -31,7 +31,7 @@ from vllm.logger import init_logger
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under vllm's logger, whose handler prints INFO
 
 #: Methods whose speculator has draft confidences without a draft model's logits.
 CONFIDENCES_WITHOUT_DRAFT_MODEL = frozenset({"suffix"})
@@ -122,15 +122,45 @@ def dense_curve(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return [(int(n), float(v)) for n, v in zip(every, np.interp(every, sizes, ms), strict=True)]
 
 
+Curve = list[tuple[int, float]]
+
+
+def per_request_curves(one_token: Curve, decode: Curve, draft: Curve, drafts_per_request: int,
+                       max_tokens: int) -> tuple[Curve, Curve, float]:
+    """Draft and verification curves that price a decode step of ``r`` requests and ``t`` tokens at its own shape.
+
+    Upstream's budget prices a step as ``draft[requests] + verify[tokens]``.  An eager CPU step's cost follows its
+    requests (each reads its whole context) far more than its tokens: ``one_token`` (requests of one token each,
+    ``(r, ms)``) and ``decode`` (the same ``r`` requests of ``1 + drafts_per_request`` tokens, ``(r, ms)``) measure
+    both.  The per-token cost is the median over ``r`` of ``(decode - one_token) / (r x drafts_per_request)``
+    (at least 0); the verification curve is that cost per token, and the rest of a step without drafts (the
+    target's per-request part) moves to the draft curve, so ``draft[r] + verify[r + d]`` is the step of ``r``
+    requests without drafts plus ``d`` drafts at the per-token cost.  Sizes: ``draft``'s, and 1 to ``max_tokens``
+    for verification.  Returns ``(draft curve, verification curve, ms per token)``.
+    """
+    forward_one = dict(one_token)
+    extra = dict(decode)
+    slopes = [(extra[r] - forward_one[r]) / (r * drafts_per_request)
+              for r in forward_one if r in extra] if drafts_per_request > 0 else []
+    per_token = max(0.0, float(np.median(slopes))) if slopes else 0.0
+    sizes, forward_ms = zip(*one_token, strict=True)
+    draft_curve = [(r, ms + max(0.0, forward_one.get(r, float(np.interp(r, sizes, forward_ms))) - per_token * r))
+                   for r, ms in draft]
+    verify_curve = [(n, per_token * n) for n in range(1, max_tokens + 1)]
+    return draft_curve, verify_curve, per_token
+
+
 def profile_eager_costs(runner: Any) -> None:
     """Seed ``runner.adaptive_verification``'s cost tables from timed eager dummy steps; no-op without it.
 
     ``runner`` is vLLM's ``GPUModelRunner`` (the CPU worker's ``CPUModelRunner``) after its KV cache is
     allocated and its kernels warmed up.  Each size of :func:`profile_token_counts` runs upstream's
     ``_PROFILE_REPLAYS`` times with ``VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN`` tokens of context
-    (capped by the model length, as upstream's profiling is); the draft curve is the drafter's time per
-    request count, the verification curve the target forward's per token count (medians, made dense by
-    :func:`dense_curve`).  The acceptance
+    (capped by the model length, as upstream's profiling is), and so does each decode step of ``r`` requests of
+    ``decode_query_len`` tokens for the request counts among them; the target forward's cost is split into a part
+    per request and one per token (:func:`per_request_curves`: upstream's curves price a draft token as the
+    target's cost of one more request, about three times a real decode step's on the CPU) and the curves are
+    handed over dense (:func:`dense_curve`).  The acceptance
     estimator's statistics, which the dummy steps fed, are dropped afterwards, and so is what the collapse
     watch (:mod:`kimi.spec.watch`) and the draft depth (:mod:`kimi.spec.depth`) saw during warm-up.
     """
@@ -143,17 +173,29 @@ def profile_eager_costs(runner: Any) -> None:
 
     from kimi.cpu_platform.timing import host_clock_events
 
-    counts = profile_token_counts(runner.max_num_reqs, runner.decode_query_len, runner.max_num_tokens)
+    context_len = envs.VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN
+    query_len = runner.decode_query_len
+    counts = profile_token_counts(runner.max_num_reqs, query_len, runner.max_num_tokens)
+    decode_reqs = [n for n in counts if n <= runner.max_num_reqs and n * query_len <= runner.max_num_tokens]
     with torch.inference_mode(), host_clock_events(), runner.step_timing.collect() as samples:
         for num_tokens in counts:
             for _ in range(_PROFILE_REPLAYS):
-                runner._dummy_run(num_tokens, context_len=envs.VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN,
-                                  skip_eplb=True)
+                runner._dummy_run(num_tokens, context_len=context_len, skip_eplb=True)
+    with torch.inference_mode(), host_clock_events(), runner.step_timing.collect() as decode_samples:
+        for num_reqs in decode_reqs if query_len > 1 else ():
+            for _ in range(_PROFILE_REPLAYS):
+                runner._dummy_run(num_reqs * query_len, context_len=context_len, skip_eplb=True,
+                                  uniform_decode=True)
     draft = median_curve((s.num_reqs, s.drafter_ms) for s in samples)
     verify = median_curve((s.num_target_tokens, s.forward_ms) for s in samples)
-    logger.info("adaptive verification, eager cost curves (ms): drafting by requests %s, verification by tokens %s",
-                [(n, round(ms, 2)) for n, ms in draft], [(n, round(ms, 2)) for n, ms in verify])
-    manager.set_cost_curves(dense_curve(draft), dense_curve(verify))
+    one_token = median_curve((s.num_reqs, s.forward_ms) for s in samples if s.num_target_tokens == s.num_reqs)
+    decode = median_curve((s.num_reqs, s.forward_ms) for s in decode_samples)
+    draft_curve, verify_curve, per_token = per_request_curves(one_token, decode, draft, query_len - 1, max(counts))
+    logger.info("adaptive verification, eager cost curves (ms): drafting by requests %s, target forward by tokens "
+                "(one per request) %s, by requests of %d tokens %s; priced as %.3f ms per token and the rest per "
+                "request", [(n, round(ms, 2)) for n, ms in draft], [(n, round(ms, 2)) for n, ms in verify], query_len,
+                [(n, round(ms, 2)) for n, ms in decode], per_token)
+    manager.set_cost_curves(dense_curve(draft_curve), verify_curve)
     estimator = getattr(runner.speculator, "acceptance_estimator", None)
     if estimator is not None:
         estimator.warmup()

@@ -38,7 +38,13 @@ if installed_line() == "mainline":
         build_cost_tables_from_curves,
     )
 
-    from kimi.spec.adaptive import dense_curve, median_curve, profile_eager_costs, profile_token_counts
+    from kimi.spec.adaptive import (
+        dense_curve,
+        median_curve,
+        per_request_curves,
+        profile_eager_costs,
+        profile_token_counts,
+    )
 
 NUM_STEPS = 3
 MAX_REQS = 4
@@ -53,8 +59,9 @@ class SleepingRunner:
     """The runner surface :func:`profile_eager_costs` uses; a dummy step sleeps ``base_ms`` + ``ms_per_token``
     x tokens in the target forward and ``draft_ms`` in the drafter, timed by upstream's collector."""
 
-    def __init__(self, base_ms: float, ms_per_token: float, draft_ms: float):
+    def __init__(self, base_ms: float, ms_per_token: float, draft_ms: float, ms_per_request: float = 0.0):
         self.base_ms, self.ms_per_token, self.draft_ms = base_ms, ms_per_token, draft_ms
+        self.ms_per_request = ms_per_request
         self.max_num_reqs, self.decode_query_len, self.max_num_tokens = MAX_REQS, NUM_STEPS + 1, MAX_TOKENS
         self.step_timing = StepTimingCollector()
         self.speculator = SimpleNamespace(acceptance_estimator=None)
@@ -64,11 +71,12 @@ class SleepingRunner:
     def _keep(self, draft, verify):
         self.curves = draft, verify
 
-    def _dummy_run(self, num_tokens: int, context_len: int = 0, skip_eplb: bool = False):
+    def _dummy_run(self, num_tokens: int, context_len: int = 0, skip_eplb: bool = False, uniform_decode: bool = False):
         timing = self.step_timing
-        timing.record_batch(SimpleNamespace(num_tokens=num_tokens, num_reqs=min(num_tokens, MAX_REQS)), False)
+        num_reqs = num_tokens // self.decode_query_len if uniform_decode else min(num_tokens, MAX_REQS)
+        timing.record_batch(SimpleNamespace(num_tokens=num_tokens, num_reqs=num_reqs), False)
         timing.forward_start()
-        time.sleep((self.base_ms + self.ms_per_token * num_tokens) / 1e3)
+        time.sleep((self.base_ms + self.ms_per_token * num_tokens + self.ms_per_request * num_reqs) / 1e3)
         timing.forward_end()
         timing.drafter_start()
         time.sleep(self.draft_ms / 1e3)
@@ -122,6 +130,27 @@ def test_profiled_costs_give_every_draft_where_verification_is_cheap():
     assert budget_for(manager, [0.6] * MAX_REQS) == (MAX_REQS * NUM_STEPS, [NUM_STEPS] * MAX_REQS)
 
 
+def test_profiled_costs_price_a_draft_at_a_token_not_at_a_request():
+    """An eager CPU step costs 1 ms, 3 ms per request (its context) and 0.1 ms per token, the drafter 1 ms. One
+    request drafting at 0.6: 1 token in 1 + 1 + 3.1 ms without drafts, 2.18 in 1 + 1 + 3.4 ms with its 3, so all
+    3 are verified. Priced per token by steps of one token per request, 3 drafts cost 3 more requests (+9.3 ms:
+    2.18 tokens in 14.4 ms against 1 in 5.1), and the budget left drafts unverified (1 of 3 measured)."""
+    tables = profiled_tables(base_ms=1.0, ms_per_token=0.1, draft_ms=1.0, ms_per_request=3.0)
+    assert budget_for(make_manager(tables), [0.6]) == (NUM_STEPS, [NUM_STEPS])
+    draft_ms, verify_ms = tables
+    assert draft_ms[1] + verify_ms[1 + NUM_STEPS] == pytest.approx(1.0 + 1.0 + 3.0 + 0.1 * (1 + NUM_STEPS), abs=1.0)
+
+
+def test_per_request_curves():
+    draft, verify, per_token = per_request_curves(one_token=[(1, 4.0), (2, 7.0)], decode=[(1, 4.3), (2, 7.6)],
+                                                  draft=[(1, 1.0), (2, 1.5)], drafts_per_request=3, max_tokens=8)
+    assert per_token == pytest.approx(0.1)
+    assert draft == [(1, pytest.approx(1.0 + 4.0 - 0.1)), (2, pytest.approx(1.5 + 7.0 - 0.2))]
+    assert verify == [(n, pytest.approx(0.1 * n)) for n in range(1, 9)]
+    # decode steps cheaper than one-token ones (noise): no negative cost per token
+    assert per_request_curves([(1, 4.0)], [(1, 3.0)], [(1, 1.0)], 3, 2)[2] == 0.0
+
+
 def test_the_budget_goes_to_the_most_confident_request():
     """Cost 2 + n ms for n verified tokens, 1 ms of drafting, two requests: request 0 drafts at 0.95, request 1
     at 0.2. Tokens per ms: none 2/5; request 0's three slots (survival 0.95, 0.90, 0.86) raise it to 4.71/8;
@@ -130,6 +159,32 @@ def test_the_budget_goes_to_the_most_confident_request():
     verify = dense_curve([(1, 3.0), (MAX_TOKENS, 2.0 + MAX_TOKENS)])
     manager = make_manager(build_cost_tables_from_curves(draft, verify, MAX_REQS, MAX_TOKENS))
     assert budget_for(manager, [0.95, 0.2]) == (3, [3, 0])
+
+
+def test_the_cost_curves_reach_vllms_log():
+    """The curves are logged at INFO through vLLM's logger, whose handler writes the engine's log: a module
+    logger outside ``vllm.`` is left at the root's WARNING and the line never reached a worker log."""
+    import logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    keep = Keep()
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    vllm_logger.addHandler(keep)
+    vllm_logger.setLevel(logging.INFO)  # what an engine's logging configuration sets (VLLM_LOGGING_LEVEL)
+    try:
+        profiled_tables(base_ms=0.1, ms_per_token=0.01, draft_ms=0.1)
+    finally:
+        vllm_logger.removeHandler(keep)
+        vllm_logger.setLevel(level)
+    assert any(line.startswith("adaptive verification, eager cost curves (ms)") for line in keep.lines), keep.lines
 
 
 def test_profile_token_counts_and_median_curve():
