@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,19 @@ def make_reference_models(dest: Path) -> Path:
     made = subprocess.run([sys.executable, "-m", "kimi", "models", "make", str(dest)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr[-2000:]
+    return dest
+
+
+def wrong_drafter(drafter: Path, dest: Path) -> Path:
+    """A copy of the EAGLE-3 ``drafter`` folder at ``dest`` whose ``lm_head`` rows are rolled by one, so every draft
+    is the next token id, proposed as confidently as before (drafts that always fail). Returns ``dest``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(drafter, dest)
+    weights = load_file(dest / "model.safetensors")
+    weights["lm_head.weight"] = torch.roll(weights["lm_head.weight"], 1, dims=0).contiguous()
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
     return dest
 
 

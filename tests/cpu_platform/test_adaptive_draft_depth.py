@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import installed_line
-from engine_script import run_engine_script
+from engine_script import run_engine_script, wrong_drafter
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "models" / "pair"
@@ -206,10 +206,7 @@ def test_the_rule_runs_only_on_an_eager_cpu_engine_with_synchronous_scheduling(c
 
 
 ENGINE = """
-    import json, shutil, sys, tempfile
-    from pathlib import Path
-    import torch
-    from safetensors.torch import load_file, save_file
+    import json, sys
     import kimi.spec.adaptive
     import kimi.spec.depth
     from kimi.e2e.engine import tokenize, vllm_greedy
@@ -218,13 +215,6 @@ ENGINE = """
 
     if "--without" in sys.argv:  # the drafter's passes as before the rule: all k, every step
         kimi.spec.depth.WARMUP_STEPS = 1 << 30
-
-    # a drafter whose drafts fail, confidently: its lm_head rows rolled by one, so each draft is the next id
-    bad = Path(tempfile.mkdtemp()) / "drafter"
-    shutil.copytree("{drafter}", bad)
-    weights = load_file(bad / "model.safetensors")
-    weights["lm_head.weight"] = torch.roll(weights["lm_head.weight"], 1, dims=0).contiguous()
-    save_file(weights, bad / "model.safetensors", metadata={{"format": "pt"}})
 
     # drafts priced to zero acceptance: verifying any draft costs 10 s against 10 ms for the step without, so
     # the budget admits none (the profiled curves vary with the machine's load); --flat: verification priced
@@ -241,7 +231,7 @@ ENGINE = """
     ids = tokenize("{target}", code_prompts(1))
     engine = {{**CPU_EAGER, "max_num_seqs": 1}}
     plain = vllm_greedy("{target}", ids, {tokens}, None, **engine)
-    spec = {{"method": "eagle3", "model": str(bad), "num_speculative_tokens": 3, "enable_adaptive_verification": True,
+    spec = {{"method": "eagle3", "model": "{bad}", "num_speculative_tokens": 3, "enable_adaptive_verification": True,
              "adaptive_backoff_patience": 2, "adaptive_backoff_steps": 4, "adaptive_backoff_max_steps": 8}}
     run = vllm_greedy("{target}", ids, {tokens}, spec, **engine)
     counts = kimi.spec.depth.COUNTS
@@ -250,17 +240,17 @@ ENGINE = """
 """
 
 
-def engine_script(tokens: int) -> str:
-    return textwrap.dedent(ENGINE.format(target=PAIR / "target", drafter=PAIR / "drafter", tokens=tokens))
+def engine_script(bad: Path, tokens: int) -> str:
+    return textwrap.dedent(ENGINE.format(target=PAIR / "target", bad=bad, tokens=tokens))
 
 
-def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_greedy_output():
+def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_greedy_output(tmp_path: Path):
     """The shipped pair with its drafter's lm_head rows rolled by one (every draft wrong), drafts priced to zero
     acceptance (verification so dear that the budget admits none), one request x 32 tokens: before the rule the
     drafter ran all 3 passes in every step (the script's ``--without``: 3 x steps, less a last step that asks
     for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after, and greedy output
     equals no speculation's."""
-    found = run_engine_script(engine_script(32))
+    found = run_engine_script(engine_script(wrong_drafter(PAIR / "drafter", tmp_path / "drafter"), 32))
     assert found["same"], "the draft depth changed greedy output"
     steps, passes = found["steps"], found["passes"]
     assert steps >= 30, found

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import installed_line
-from engine_script import run_engine_script
+from engine_script import run_engine_script, wrong_drafter
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "models" / "pair"
@@ -273,23 +273,13 @@ def test_a_collapse_logs_one_warning_naming_the_drafter_and_both_levels():
 
 
 ENGINE = """
-    import json, shutil, tempfile
-    from pathlib import Path
-    import torch
-    from safetensors.torch import load_file, save_file
+    import json
     import vllm
     import kimi.spec.adaptive
     from kimi.e2e.engine import tokenize, vllm_greedy
     from kimi.e2e.presets import CPU_EAGER
     from kimi.models.prompts import code_prompts
     from vllm.v1.metrics.reader import Histogram
-
-    # a drafter whose drafts fail, confidently: its lm_head rows rolled by one, so each draft is the next id
-    bad = Path(tempfile.mkdtemp()) / "drafter"
-    shutil.copytree("{drafter}", bad)
-    weights = load_file(bad / "model.safetensors")
-    weights["lm_head.weight"] = torch.roll(weights["lm_head.weight"], 1, dims=0).contiguous()
-    save_file(weights, bad / "model.safetensors", metadata={{"format": "pt"}})
 
     # verification priced flat (10 ms whatever it verifies, drafting free): the budget then admits every draft,
     # so whatever is not verified was withheld by the back-off (the profiled curves vary with the machine's load)
@@ -316,20 +306,20 @@ ENGINE = """
     ids = tokenize("{target}", code_prompts(2))
     engine = {{**CPU_EAGER, "max_num_seqs": 2}}
     plain = vllm_greedy("{target}", ids, {tokens}, None, **engine)
-    spec = {{"method": "eagle3", "model": str(bad), "num_speculative_tokens": 3, "enable_adaptive_verification": True,
+    spec = {{"method": "eagle3", "model": "{bad}", "num_speculative_tokens": 3, "enable_adaptive_verification": True,
              "adaptive_backoff_patience": 2, "adaptive_backoff_steps": 4, "adaptive_backoff_max_steps": 8}}
     run = vllm_greedy("{target}", ids, {tokens}, spec, **engine)
     print("RESULT", json.dumps({{"same": run.tokens == plain.tokens, "metrics": found}}))
 """
 
 
-def test_an_engine_whose_drafts_fail_pauses_and_probes_and_keeps_greedy_output():
+def test_an_engine_whose_drafts_fail_pauses_and_probes_and_keeps_greedy_output(tmp_path: Path):
     """The shipped pair with its drafter's lm_head rows rolled by one (drafts wrong, as confidently as before),
     verification priced flat so that the budget alone would verify every draft, 2 requests x 48 tokens: with
     the back-off (patience 2, pauses 4 to 8) the requests pause and are probed, most scheduled drafts are never
     verified, and greedy output equals no speculation's."""
-    found = run_engine_script(textwrap.dedent(ENGINE.format(target=PAIR / "target", drafter=PAIR / "drafter",
-                                                            tokens=48)))
+    bad = wrong_drafter(PAIR / "drafter", tmp_path / "drafter")
+    found = run_engine_script(textwrap.dedent(ENGINE.format(target=PAIR / "target", bad=bad, tokens=48)))
     assert found["same"], "the back-off changed greedy output"
     m = found["metrics"]
     assert m["vllm:spec_decode_adaptive_pauses"] >= 2
