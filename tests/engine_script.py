@@ -1,8 +1,8 @@
 """Test helper: reference models, and a script that runs vLLM engines in one subprocess and prints its result.
 
 The engine tests of the patches run vLLM in a child process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine
-in that process, so a traceback names the line) with this checkout on ``PYTHONPATH``; the script prints one line
-``RESULT <json>``.
+in that process, so a traceback names the line) with this checkout and its lab (``lab/``, the package ``kimi_lab``)
+on ``PYTHONPATH``; the script prints one line ``RESULT <json>``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: ``PYTHONPATH`` of a child process that imports ``kimi`` and ``kimi_lab`` (pytest.ini's ``pythonpath`` reaches
+#: only the pytest process itself).
+CHILD_PATH = os.pathsep.join([str(ROOT), str(ROOT / "lab")])
 
 
 def make_reference_models(dest: Path) -> Path:
@@ -44,7 +47,7 @@ def run_engine_script(script: str, *args: str, env: dict[str, str | None] | None
     ``env`` entries override this process's environment (None: the variable is removed). Fails the test with the
     end of the child's output when it exits non-zero or prints no result.
     """
-    full = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT), **(env or {})}
+    full = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": CHILD_PATH, **(env or {})}
     full = {key: value for key, value in full.items() if value is not None}
     result = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=full, capture_output=True,
                             text=True, timeout=timeout)
