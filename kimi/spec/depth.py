@@ -7,8 +7,12 @@ for every request, so a step whose budget admits few drafts, or none, still pays
 runner asks, before the drafter proposes, how deep to draft:
 
 - ``depth = min(k, 1 + the most drafts the budget admitted to any one request over the last`` :data:`WINDOW`
-  ``steps)``, at least 1 (the one prefill pass also keeps the drafter's KV cache current), at most the drafts
-  the scheduler asked for;
+  ``steps)``, at most the drafts the scheduler asked for;
+- once the budget has admitted no draft to any request for :data:`WINDOW` steps in a row, drafting pauses: the
+  depth is 0 - the drafter runs its one prefill pass without sampling, which keeps its KV cache current, and the
+  runner hands the scheduler no drafts, so the next step decodes as without speculation (no verification, no
+  budget) - except for a probe of depth 1 every :data:`PROBE_EVERY` steps, whose draft the budget may admit
+  again, which ends the pause;
 - for the first :data:`WARMUP_STEPS` steps after warm-up the depth stays at ``k``, so the acceptance estimator
   gets evidence at every position before the budget can shrink the drafting.
 
@@ -48,8 +52,11 @@ from kimi.spec.acceptance import verdict
 
 #: Steps after warm-up during which the drafter runs all ``k`` passes.
 WARMUP_STEPS = 7
-#: Steps over which the most drafts admitted to one request is taken.
+#: Steps over which the most drafts admitted to one request is taken; as many steps without an admitted draft
+#: start a pause.
 WINDOW = 8
+#: In a pause, one step in this many drafts (depth 1) to probe whether the budget admits drafts again.
+PROBE_EVERY = 8
 #: The runner attribute that holds its :class:`DraftDepth`.
 RUNNER_ATTR = "_kimi_draft_depth"
 
@@ -60,23 +67,25 @@ class PassCounts:
 
     Attributes:
         steps: sampling steps in which the drafter ran.
-        passes: drafter forward passes in those steps (the depth, or 1 where no draft was asked for: the pass
-            that keeps the drafter's KV cache current).
+        passes: drafter forward passes in those steps (the depth, or 1 where the depth is 0: the pass that
+            keeps the drafter's KV cache current).
+        paused: steps of depth 0 while drafts were asked for (a pause: no draft handed to the scheduler).
     """
 
     steps: int = 0
     passes: int = 0
+    paused: int = 0
 
     def reset(self) -> None:
-        self.steps = self.passes = 0
+        self.steps = self.passes = self.paused = 0
 
 
 #: What the runners of this process counted (read by tests and benchmarks).
 COUNTS = PassCounts()
 
 
-def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int]) -> int:
-    """Drafter passes for one step.
+def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], idle: int = 0) -> int:
+    """Drafter passes for one step (0: the drafter only keeps its KV cache, no draft is proposed).
 
     Args:
         k: the drafter's ``num_speculative_tokens``.
@@ -84,15 +93,19 @@ def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int]) -> i
         step: steps seen since warm-up, this one excluded.
         admitted_recently: per step of the last :data:`WINDOW` (this step's verdict included), the most drafts
             the budget admitted to one request.
+        idle: steps in a row, this one included, in which the budget admitted no draft to any request.
 
     Returns:
-        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; else
+        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; in a pause (``idle >=``
+        :data:`WINDOW`) 0, or 1 on every :data:`PROBE_EVERY`-th step of it; else
         ``min(asked, 1 + max(admitted_recently))``, at least 1.
     """
     if asked <= 0:
         return 0
     if step < WARMUP_STEPS:
         return asked
+    if idle >= WINDOW:
+        return 1 if (idle - WINDOW + 1) % PROBE_EVERY == 0 else 0
     return max(1, min(asked, k, 1 + max(admitted_recently, default=0)))
 
 
@@ -124,12 +137,14 @@ class DraftDepth:
         self.counts = counts
         self.step = 0
         self.depth = k
+        self.idle = 0
         self.admitted: deque[int] = deque(maxlen=WINDOW)
 
     def reset(self) -> None:
         """Start over (after warm-up and profiling steps)."""
         self.step = 0
         self.depth = self.k
+        self.idle = 0
         self.admitted.clear()
 
     def plan(self, asked: int, most_admitted: int) -> int:
@@ -140,10 +155,12 @@ class DraftDepth:
             most_admitted: the most drafts the budget admitted to one request this step (0 if none verified).
         """
         self.admitted.append(most_admitted)
-        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted))
+        self.idle = 0 if most_admitted > 0 else self.idle + 1
+        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.idle)
         self.step += 1
         self.counts.steps += 1
         self.counts.passes += max(self.depth, 1)
+        self.counts.paused += int(self.depth == 0 and asked > 0)
         return self.depth
 
 
@@ -252,7 +269,7 @@ def before_propose(runner: Any, input_batch: Any, num_sampled: torch.Tensor, num
         admitted, _ = verdict(num_sampled[:num_reqs], num_rejected[:num_reqs])
         most = int(admitted.max())
     depth = state.plan(asked, most)
-    if 0 < depth < runner.num_speculative_steps:
+    if depth < runner.num_speculative_steps:
         speculator = runner.speculator
         prepare_drafts(speculator.draft_tokens, speculator.draft_token_confidence_probs, num_reqs, depth)
     return depth

@@ -1,6 +1,8 @@
 """Adaptive draft depth under adaptive verification on the torch-only CPU platform (mainline, patch 0027,
 ``kimi/spec/depth.py``): the drafter runs ``min(k, 1 + the most drafts admitted to one request over the last 8
-steps)`` passes, all ``k`` for the first 7 steps after warm-up; positions not drafted are never admitted, in
+steps)`` passes, all ``k`` for the first 7 steps after warm-up, and none (a pause: the drafter only keeps its KV
+cache, the scheduler gets no drafts) after 8 steps without an admitted draft, but for a probe every 8th step;
+positions not drafted are never admitted, in
 the device's ranking nor in the host's one-step-old copy of the confidences, nor through a budget above the
 drafts of positive survival; the rule stays off under async scheduling, full CUDA graphs and without adaptive
 verification; an engine whose drafts always fail runs far fewer drafter passes and keeps greedy output.
@@ -64,13 +66,27 @@ def test_the_depth_falls_after_the_window_and_climbs_one_step_at_a_time():
     state = DraftDepth(K, counts)
     admitted = [3] * 10 + [0] * 12 + [1, 2, 3, 3]
     depths = [state.plan(K, a) for a in admitted]
-    # the window of 8 steps still holds a 3 up to step 16; from step 17 on it holds only zeros
+    # the window of 8 steps still holds a 3 up to step 16; from step 17 on it holds only zeros: a pause
     assert depths[:17] == [K] * 17
-    assert depths[17:22] == [1] * 5
+    assert depths[17:22] == [0] * 5
     assert depths[22:] == [2, 3, 3, 3], "each admitted draft at the depth opens one more pass"
-    assert counts.steps == len(admitted) and counts.passes == sum(depths)
+    assert counts.steps == len(admitted) and counts.passes == sum(max(d, 1) for d in depths)
+    assert counts.paused == 5
     state.reset()
-    assert [state.plan(K, 0) for _ in range(8)] == [K] * 7 + [1], "warm-up starts again after a reset"
+    assert [state.plan(K, 1) for _ in range(8)] == [K] * 7 + [2], "warm-up starts again after a reset"
+
+
+def test_a_pause_drafts_nothing_but_probes_every_eighth_step_and_ends_on_an_admitted_draft():
+    state = DraftDepth(K, PassCounts())
+    depths = [state.plan(K, 0) for _ in range(40)]
+    assert depths[:7] == [K] * 7, "warm-up"
+    assert depths[7:] == ([0] * 7 + [1]) * 4 + [0], "paused from the 8th step without an admitted draft"
+    assert state.plan(K, 1) == 2, "the probe's draft admitted: drafting resumes"
+    assert state.plan(K, 0) == 2, "the window still holds the admitted draft"
+    assert depth_rule(K, K, 9, [0] * 8, idle=8) == 0
+    assert depth_rule(K, K, 9, [0] * 8, idle=15) == 1, "a probe"
+    assert depth_rule(K, K, 9, [0] * 8, idle=7) == 1, "one step short of a pause"
+    assert depth_rule(K, K, 3, [0] * 8, idle=12) == K, "no pause in warm-up"
 
 
 def test_undrafted_positions_get_token_minus_one_and_confidence_zero():
@@ -192,9 +208,9 @@ def test_the_rule_runs_only_on_an_eager_cpu_engine_with_synchronous_scheduling(c
     counts = (depth.COUNTS.steps, depth.COUNTS.passes)
     depths = [depth.before_propose(runner, batch, *no_drafts, K) for _ in range(9)]
     if on:
-        assert depths == [K] * 7 + [1, 1]
-        assert runner.speculator.draft_tokens[:2, 1:].eq(-1).all()
-        assert runner.speculator.draft_token_confidence_probs[:2, 1:].eq(0).all()
+        assert depths == [K] * 7 + [0, 0], "eight steps without an admitted draft: a pause"
+        assert runner.speculator.draft_tokens[:2].eq(-1).all()
+        assert runner.speculator.draft_token_confidence_probs[:2].eq(0).all()
         assert (depth.COUNTS.steps - counts[0], depth.COUNTS.passes - counts[1]) == (9, 7 * K + 2)
     else:
         assert depths == [K] * 9, "off: the drafter runs every pass the scheduler asked for"
@@ -236,7 +252,8 @@ ENGINE = """
     run = vllm_greedy("{target}", ids, {tokens}, spec, **engine)
     counts = kimi.spec.depth.COUNTS
     print("RESULT", json.dumps({{"same": run.tokens == plain.tokens, "steps": counts.steps,
-                                 "passes": counts.passes, "counters": run.counters}}))
+                                 "passes": counts.passes, "paused": counts.paused,
+                                 "counters": run.counters}}))
 """
 
 
@@ -248,8 +265,9 @@ def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_gre
     """The shipped pair with its drafter's lm_head rows rolled by one (every draft wrong), drafts priced to zero
     acceptance (verification so dear that the budget admits none), one request x 32 tokens: before the rule the
     drafter ran all 3 passes in every step (the script's ``--without``: 3 x steps, less a last step that asks
-    for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after, and greedy output
-    equals no speculation's."""
+    for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after - from the 8th step
+    without an admitted draft a pause, in which the one pass only keeps the drafter's KV cache and the scheduler
+    gets drafts only from a probe every 8th step - and greedy output equals no speculation's."""
     found = run_engine_script(engine_script(wrong_drafter(PAIR / "drafter", tmp_path / "drafter"), 32))
     assert found["same"], "the draft depth changed greedy output"
     steps, passes = found["steps"], found["passes"]
@@ -257,3 +275,6 @@ def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_gre
     assert passes <= depth.WARMUP_STEPS * K + (steps - depth.WARMUP_STEPS), found
     assert passes < 0.6 * K * steps, found
     assert found["counters"]["num_accepted_tokens"] == 0, found
+    # a pause from the 8th step without an admitted draft: the scheduler gets drafts in warm-up and probes only
+    assert found["paused"] >= steps - depth.WARMUP_STEPS - 1 - steps // depth.PROBE_EVERY, found
+    assert found["counters"]["num_drafts"] <= depth.WARMUP_STEPS + steps // depth.PROBE_EVERY, found

@@ -708,16 +708,17 @@ def test_assign_draft_token_budget(monkeypatch, shape, ties):
     assert compare.launches == int(scheduled.sum())
 
 
-def estimator_batch(shape, per_token_step: bool):
-    """An estimator and one draft step's inputs: logits over two vocabulary blocks (5000 entries), one row
-    carrying its max twice, one padded row (request state -1), greedy and sampled temperatures."""
+def estimator_batch(shape, per_token_step: bool, vocab: int = 5000):
+    """An estimator and one draft step's inputs: logits over ``vocab`` entries (5000: two vocabulary blocks;
+    1536: one, a draft vocabulary's size), one row carrying its max twice, one padded row (request state -1),
+    greedy and sampled temperatures."""
     b = make_batch(*shape)
     estimator = OnlineAcceptanceEstimator(b.max_num_reqs, b.num_spec, torch.device("cpu"))
     estimator.slope.fill_(0.7)
     estimator.intercepts.copy_(torch.linspace(-0.5, 0.5, b.num_spec))
     rows = b.num_reqs * b.num_spec if per_token_step else b.num_reqs
-    logits = torch.randn(rows, 5000, generator=b.g) * 3
-    logits[0, 17] = logits[0, 4100] = logits[0].max() + 1.0
+    logits = torch.randn(rows, vocab, generator=b.g) * 3
+    logits[0, 17] = logits[0, vocab - 900] = logits[0].max() + 1.0
     idx_mapping = b.idx_mapping.repeat_interleave(b.num_spec) if per_token_step else b.idx_mapping.clone()
     idx_mapping[-1] = -1
     step = (torch.arange(rows) % b.num_spec) if per_token_step else torch.tensor(b.num_spec - 1)
@@ -726,10 +727,11 @@ def estimator_batch(shape, per_token_step: bool):
     return b, estimator, (logits, idx_mapping, step, confidences, temperature)
 
 
+@pytest.mark.parametrize("vocab", [5000, 1536], ids=["two-blocks", "one-block"])
 @pytest.mark.parametrize("per_token_step", [False, True], ids=["one-step", "per-row-step"])
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=SHAPE_IDS[1:4])
-def test_acceptance_estimator_predict(monkeypatch, shape, per_token_step):
-    _, estimator, args = estimator_batch(shape, per_token_step)
+def test_acceptance_estimator_predict(monkeypatch, shape, per_token_step, vocab):
+    _, estimator, args = estimator_batch(shape, per_token_step, vocab)
     floats = frozenset({"local_max_ptr", "local_excl_sumexp_ptr", "features_ptr", "pred_ptr", "conf_ptr"})
     with comparing(monkeypatch, f"{AE}._local_max_sumexp_kernel", floats), \
             comparing(monkeypatch, f"{AE}._predict_kernel", floats):

@@ -99,10 +99,14 @@ def local_max_sumexp(
     valid = req >= 0
     temp = temperature_ptr[req.clamp_min(0)].to(torch.float32)
     temp = torch.where(temp > 0, temp, torch.ones_like(temp))
-    logits = torch.full((num_tokens, num_blocks * BLOCK_SIZE), float("-inf"), dtype=torch.float32)
-    logits[:, :vocab_size] = logits_ptr[:num_tokens, :vocab_size].to(torch.float32) / temp[:, None]
-    blocks = logits.view(num_tokens, num_blocks, BLOCK_SIZE)
-    block_max = blocks.max(dim=2).values
+    scaled = logits_ptr[:num_tokens, :vocab_size].to(torch.float32) / temp[:, None]
+    if num_blocks == 1:  # the whole vocabulary in one block (drafters' draft vocabularies): no padded copy
+        blocks = scaled[:, None, :]
+    else:
+        logits = torch.full((num_tokens, num_blocks * BLOCK_SIZE), float("-inf"), dtype=torch.float32)
+        logits[:, :vocab_size] = scaled
+        blocks = logits.view(num_tokens, num_blocks, BLOCK_SIZE)
+    block_max = blocks.amax(dim=2)
     is_max = blocks == block_max[:, :, None]
     excl = torch.where(is_max, 0.0, torch.exp(blocks - block_max[:, :, None])).sum(dim=2)
     excl = excl + is_max.sum(dim=2).to(torch.float32) - 1.0
@@ -157,11 +161,14 @@ def predict(
     req, step, batch = req[keep], step[keep], batch[keep]
     maxes = local_max_ptr[:num_tokens, :vocab_num_blocks][keep]
     excl = local_excl_sumexp_ptr[:num_tokens, :vocab_num_blocks][keep]
-    global_max = maxes.max(dim=1, keepdim=True).values
-    best = torch.argmax(maxes, dim=1, keepdim=True)
-    scale = torch.exp(maxes - global_max)
-    blocks = torch.arange(vocab_num_blocks)[None, :]
-    complement = (excl * scale + torch.where(blocks == best, 0.0, scale)).sum(dim=1)
+    if vocab_num_blocks == 1:  # one block: the complement of the top probability is its excluded sum
+        complement = excl[:, 0]
+    else:
+        global_max = maxes.max(dim=1, keepdim=True).values
+        best = torch.argmax(maxes, dim=1, keepdim=True)
+        scale = torch.exp(maxes - global_max)
+        blocks = torch.arange(vocab_num_blocks)[None, :]
+        complement = (excl * scale + torch.where(blocks == best, 0.0, scale)).sum(dim=1)
     feature = (-torch.log(complement)).clamp(-MAX_LOG_ODDS, MAX_LOG_ODDS)
     prob = torch.sigmoid(slope_ptr.reshape(-1)[0] * feature + intercepts_ptr[step])
     features_ptr[req, step] = feature
