@@ -1,7 +1,7 @@
 """Seeded requests verified by coupling on the V2 model runner (patch ``0019-seeded-coupled-verification-v2``;
 ``RejectionSampler._verify`` of ``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py`` calls :func:`check_mode` when
 built, then :func:`coupled_requests_v2` and :func:`couple_v2` each step). The V1 runner's counterpart, and the
-argument that coupling is lossless, is :mod:`kimi.hooks.seeded_coupled_verification`.
+argument that coupling is lossless, is :mod:`kimi.spec.coupled`.
 
 V2 has no per-request generators: its sampler draws Gumbel noise keyed by the request's seed, the row's position and
 the token (``gumbel_sample``, ``vllm/v1/worker/gpu/sample/gumbel.py``), so without speculation a seeded request's

@@ -1,4 +1,4 @@
-"""What patch 0018's coupling (``kimi.hooks.seeded_coupled_verification``) assumes of a CUDA ``torch.Generator``.
+"""What patch 0018's coupling (``kimi.spec.coupled``) assumes of a CUDA ``torch.Generator``.
 
 On CUDA the V1 sampler draws a seeded row with ``random_sample`` (``q[i].exponential_(generator=gen)`` over the
 vocabulary, then ``argmax(probs / q)``). The hook moves a generator on by drawing a dummy row, and later puts the

@@ -1,10 +1,10 @@
 """Patch 0022: EAGLE-3 with pipeline parallelism on DeepSeek-V3 targets (V1 runner, vLLM's CPU backend).
 
-The decisions of ``kimi.hooks.eagle3_pipeline_parallel`` are checked here, most without vLLM: which stage makes which
-aux hidden state and under which key it travels (a 6-layer target split 3 + 3, ids inside each stage and at the
-boundary), the layouts the stages agree on, the accepted drafts an earlier stage recovers, the drafts the engine core
-holds while their batch is queued. The engines (PP 2 and TP 2 x PP 2 against one stage) are in
-``tests/test_parallel.py``.
+The decisions of ``kimi.spec.pipeline`` (behind ``kimi.hooks.eagle3_pipeline_parallel``) are checked here, most
+without vLLM: which stage makes which aux hidden state and under which key it travels (a 6-layer target split 3 + 3,
+ids inside each stage and at the boundary), the layouts the stages agree on, the accepted drafts an earlier stage
+recovers, the drafts the engine core holds while their batch is queued. The engines (PP 2 and TP 2 x PP 2 against one
+stage) are in ``tests/test_parallel.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kimi.hooks import eagle3_pipeline_parallel as pp
+from kimi.spec import pipeline as pp
 
 IDS = (2, 3, 5)  # 6 layers, stages [0, 3) and [3, 6): 2 inside the first, 3 at the boundary, 5 inside the second
 
