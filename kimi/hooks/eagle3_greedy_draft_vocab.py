@@ -86,14 +86,33 @@ def draft_greedy(model: torch.nn.Module, *, in_cuda_graph: bool = False
         getattr(getattr(model, "config", None), "vocab_size", "target"),
         " (check mode: upstream's ids are used and compared)" if mode == "check" else "")
 
-    def greedy(hidden_states: torch.Tensor) -> torch.Tensor:
-        # The drafter's modules are read at each call: the proposer loads the drafter, then may replace its
-        # lm_head with the target's (_maybe_share_lm_head: a checkpoint without lm_head weights, or with the
-        # target's); a head bound here would keep the deleted one and give other ids than upstream's.
-        logits = model.logits_processor(model.lm_head, hidden_states)
-        return draft_argmax(logits, model.draft_id_to_target_id, backend=backend)
-
+    greedy = DraftGreedy(model, backend, draft_argmax)
     return GreedyCheck(model, greedy) if mode == "check" else greedy
+
+
+class DraftGreedy:
+    """Greedy EAGLE-3 drafts from the draft vocabulary: ``hidden_states [T, hidden] -> target ids [T]`` int64.
+
+    The drafter's modules are read at each call: the proposer loads the drafter, then may replace its lm_head
+    with the target's (``_maybe_share_lm_head``: a checkpoint without lm_head weights, or with the target's); a
+    head bound at construction would keep the deleted one and give other ids than upstream's.
+    """
+
+    def __init__(self, model: torch.nn.Module, backend: str, argmax: Callable[..., torch.Tensor]) -> None:
+        self.model, self.backend, self.argmax = model, backend, argmax
+
+    def ids_and_logits(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(target ids [T] int64, draft-vocabulary logits [T, draft_vocab])``.
+
+        The logits are upstream's ``compute_logits`` without its scatter into a ``[T, target_vocab]`` tensor of
+        -inf, so their softmax has the same maximum: vLLM's acceptance estimator (adaptive verification) reads
+        its confidence feature, ``logit(max softmax)``, from them as from the scattered ones.
+        """
+        logits = self.model.logits_processor(self.model.lm_head, hidden_states)
+        return self.argmax(logits, self.model.draft_id_to_target_id, backend=self.backend), logits
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.ids_and_logits(hidden_states)[0]
 
 
 def _v1_runner_fix() -> str:

@@ -163,3 +163,39 @@ def test_v2_runner_refuses_check_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     same_vocab = _Drafter()
     same_vocab.draft_id_to_target_id = None  # the hook does not apply: nothing to check, nothing refused
     assert _v2_speculator(monkeypatch, same_vocab).draft_greedy is None
+
+
+def test_v2_runner_adaptive_verification_reads_its_confidences_from_the_draft_vocabulary(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under adaptive verification (an acceptance estimator), the greedy draft step takes the hook too: upstream's
+    ids and the estimator's confidences equal to those upstream computes from the ``[T, target_vocab]`` scatter,
+    which is never made (without the change the estimator forced upstream's path)."""
+    from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptanceEstimator
+
+    monkeypatch.setenv("KIMI_DRAFT_GREEDY", "torch")
+    drafter, rows, k = _Drafter(), 6, 3
+    speculator = _v2_speculator(monkeypatch, drafter)
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(rows, 16, generator=gen)
+    idx_mapping = torch.tensor([4, 0, 2, 5, 1, 3], dtype=torch.int32)
+    step = torch.tensor(1)
+    speculator.temperature = torch.tensor([0.0, 0.7, 0.0, 1.3, 0.0, 0.9])
+
+    def draft(greedy) -> tuple[torch.Tensor, torch.Tensor]:
+        speculator.draft_greedy = greedy
+        speculator.acceptance_estimator = OnlineAcceptanceEstimator(8, k, torch.device("cpu"))
+        speculator.acceptance_estimator.slope.fill_(0.8)
+        speculator.draft_token_confidence_probs = torch.zeros(rows, k)
+        ids = speculator.sample_draft(hidden, None, idx_mapping, speculator.temperature, None, step,
+                                      draft_logits=None)
+        return ids, speculator.draft_token_confidence_probs.clone()
+
+    calls = []
+    monkeypatch.setattr(drafter, "compute_logits", lambda h: calls.append(h) or _Drafter.compute_logits(drafter, h))
+    ids, confidences = draft(speculator.draft_greedy)
+    assert calls == [], "the hook made the target-vocabulary logits"
+    want_ids, want_confidences = draft(None)  # upstream's path: compute_logits, argmax, the estimator on it
+    assert len(calls) == 1
+    assert torch.equal(ids, want_ids)
+    assert confidences[:, 1].gt(0).all() and confidences[:, [0, 2]].eq(0).all()
+    torch.testing.assert_close(confidences, want_confidences, rtol=1e-5, atol=1e-6)
