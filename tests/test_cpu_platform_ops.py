@@ -85,6 +85,25 @@ def test_paged_attention_equals_dense_attention(heads, kv_heads, head, window, s
         torch.testing.assert_close(out[begin:end].double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_attention_whose_output_is_unused_writes_zeros_and_leaves_the_cache():
+    """Inside ``attention_output_unused`` (the drafter's pass that only keeps its KV cache) the op attends to
+    nothing: zeros where the queries' output goes, the caches as they were; outside it, attention as before."""
+    seq_lens, q_lens, heads, head = [5, 9], [1, 3], 4, 16
+    key_cache, value_cache, table, _, _ = _paged(seq_lens, 2, head, 16)
+    q = torch.randn(sum(q_lens), heads, head, generator=torch.Generator().manual_seed(3))
+    qsl = torch.tensor([0, 1, 4], dtype=torch.int32)
+    args = (qsl, torch.tensor(seq_lens, dtype=torch.int32), head ** -0.5, True, None, 0, table, 0.0, torch.empty(0),
+            None, None)
+    caches = key_cache.clone(), value_cache.clone()
+    out = torch.full_like(q, float("nan"))
+    with ops.attention_output_unused():
+        ops.cpu_attention_with_kv_cache(q, key_cache, value_cache, out, *args)
+    assert out.eq(0).all()
+    assert torch.equal(key_cache, caches[0]) and torch.equal(value_cache, caches[1])
+    ops.cpu_attention_with_kv_cache(q, key_cache, value_cache, out, *args)
+    assert out.abs().sum() > 0, "the scope ended with the block"
+
+
 def test_reshape_and_cache_skips_padding_slots():
     key_cache, value_cache, table, keys, _ = _paged([5], 2, 32, 16)
     block = int(table[0, 0])

@@ -16,8 +16,15 @@ Layouts (vLLM's, as its CPU kernels read them):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import torch.nn.functional as F
+
+#: Set by :func:`attention_output_unused`: :func:`cpu_attention_with_kv_cache` writes zeros instead of attending.
+_OUTPUT_UNUSED: ContextVar[bool] = ContextVar("kimi_attention_output_unused", default=False)
 
 # name -> schema, for every op this module implements (schemas of vLLM's csrc/cpu/torch_bindings.cpp).
 SCHEMAS = {
@@ -102,6 +109,21 @@ def cpu_attn_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache
     value_cache[blocks, :, offsets] = value[:num_tokens][keep].to(value_cache.dtype)
 
 
+@contextmanager
+def attention_output_unused() -> Iterator[None]:
+    """Within the block, :func:`cpu_attention_with_kv_cache` fills its ``output`` with zeros and reads no cache.
+
+    For a forward pass run only to write the keys and values of its tokens (vLLM writes them in a separate op,
+    :func:`cpu_attn_reshape_and_cache`, which is unaffected), whose outputs nobody reads: the EAGLE-3 drafter's
+    pass that keeps its KV cache current while adaptive verification pauses drafting (:mod:`kimi.spec.depth`).
+    """
+    token = _OUTPUT_UNUSED.set(True)
+    try:
+        yield
+    finally:
+        _OUTPUT_UNUSED.reset(token)
+
+
 def cpu_attention_with_kv_cache(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                 output: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                                 scale: float, causal: bool, alibi_slopes: torch.Tensor | None,
@@ -122,6 +144,8 @@ def cpu_attention_with_kv_cache(query: torch.Tensor, key_cache: torch.Tensor, va
         key_cache, value_cache: ``[num_blocks, num_kv_heads, block_size, head_size]``.
         block_table: ``[R, max_blocks]``; query_start_loc ``[R + 1]``; seq_lens ``[R]``.
 
+    Within :func:`attention_output_unused`, ``output`` is filled with zeros instead.
+
     Raises:
         UnsupportedOnTorchCpu: ALiBi slopes, attention sinks, per-token causality or a quantized cache.
     """
@@ -133,6 +157,9 @@ def cpu_attention_with_kv_cache(query: torch.Tensor, key_cache: torch.Tensor, va
                 f"{name} need vLLM's compiled CPU attention; the torch-only CPU platform does not run them "
                 "(install a vLLM CPU build to serve this model)"
             )
+    if _OUTPUT_UNUSED.get():
+        output[: int(query_start_loc[-1])].zero_()
+        return
     num_heads, num_kv_heads = query.shape[1], key_cache.shape[1]
     block_size = key_cache.shape[2]
     starts = query_start_loc.tolist()

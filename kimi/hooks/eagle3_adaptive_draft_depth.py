@@ -3,6 +3,7 @@ only as many passes as the draft budget has lately used; the logic is :mod:`kimi
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 
@@ -13,6 +14,14 @@ def draft_depth(model_runner: Any, input_batch: Any, num_sampled: Any, num_rejec
     from kimi.spec.depth import before_propose
 
     return before_propose(model_runner, input_batch, num_sampled, num_rejected, num_spec_tokens)
+
+
+def drafter_scope(model_runner: Any, depth: int) -> AbstractContextManager:
+    """Entered by ``sample_tokens`` around the drafter's ``propose`` of ``depth`` passes: see
+    :func:`kimi.spec.depth.drafter_scope`."""
+    from kimi.spec.depth import drafter_scope as scope
+
+    return scope(model_runner, depth)
 
 
 def confidences_recorded(model_runner: Any, input_batch: Any) -> None:

@@ -8,11 +8,16 @@ runner asks, before the drafter proposes, how deep to draft:
 
 - ``depth = min(k, 1 + the most drafts the budget admitted to any one request over the last`` :data:`WINDOW`
   ``steps)``, at most the drafts the scheduler asked for;
-- once the budget has admitted no draft to any request for :data:`WINDOW` steps in a row, drafting pauses: the
+- once the budget has admitted no draft to any request in :data:`WINDOW` verifying steps in a row (steps that
+  verified no draft, a prefill's, do not count), or the last :data:`WINDOW` verifying steps accepted too few
+  drafts to pay for the drafter at the profiled step costs (:class:`kimi.spec.payoff.StepCosts`), drafting
+  pauses: the
   depth is 0 - the drafter runs its one prefill pass without sampling, which keeps its KV cache current, and the
   runner hands the scheduler no drafts, so the next step decodes as without speculation (no verification, no
-  budget) - except for a probe of depth 1 every :data:`PROBE_EVERY` steps, whose draft the budget may admit
-  again, which ends the pause;
+  budget) - except for a probe of depth 1 every :data:`PROBE_EVERY` steps, whose drafts are verified whatever
+  the budget says (the budget reads confidences a step old, which in a pause are all 0, and an estimator that
+  sees no verified draft never learns otherwise); the pause ends when the probe's acceptance would pay for the
+  drafter (without profiled costs: when a probe draft is accepted);
 - for the first :data:`WARMUP_STEPS` steps after warm-up the depth stays at ``k``, so the acceptance estimator
   gets evidence at every position before the budget can shrink the drafting.
 
@@ -42,6 +47,7 @@ Reached through ``kimi.hooks.eagle3_adaptive_draft_depth`` (patch ``eagle3-adapt
 from __future__ import annotations
 
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +55,7 @@ import numpy as np
 import torch
 
 from kimi.spec.acceptance import verdict
+from kimi.spec.payoff import STEP_COSTS_ATTR, StepCosts
 
 #: Steps after warm-up during which the drafter runs all ``k`` passes.
 WARMUP_STEPS = 7
@@ -84,7 +91,7 @@ class PassCounts:
 COUNTS = PassCounts()
 
 
-def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], idle: int = 0) -> int:
+def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paused_for: int = 0) -> int:
     """Drafter passes for one step (0: the drafter only keeps its KV cache, no draft is proposed).
 
     Args:
@@ -93,19 +100,18 @@ def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], idle
         step: steps seen since warm-up, this one excluded.
         admitted_recently: per step of the last :data:`WINDOW` (this step's verdict included), the most drafts
             the budget admitted to one request.
-        idle: steps in a row, this one included, in which the budget admitted no draft to any request.
+        paused_for: steps of the current pause, this one included (0: no pause).
 
     Returns:
-        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; in a pause (``idle >=``
-        :data:`WINDOW`) 0, or 1 on every :data:`PROBE_EVERY`-th step of it; else
-        ``min(asked, 1 + max(admitted_recently))``, at least 1.
+        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; in a pause 0, or 1 on every
+        :data:`PROBE_EVERY`-th step of it; else ``min(asked, 1 + max(admitted_recently))``, at least 1.
     """
     if asked <= 0:
         return 0
     if step < WARMUP_STEPS:
         return asked
-    if idle >= WINDOW:
-        return 1 if (idle - WINDOW + 1) % PROBE_EVERY == 0 else 0
+    if paused_for > 0:
+        return 1 if paused_for % PROBE_EVERY == 0 else 0
     return max(1, min(asked, k, 1 + max(admitted_recently, default=0)))
 
 
@@ -138,30 +144,78 @@ class DraftDepth:
         self.step = 0
         self.depth = k
         self.idle = 0
+        self.paused_for = 0
+        self.probing = False
+        self.costs: StepCosts | None = None
         self.admitted: deque[int] = deque(maxlen=WINDOW)
+        #: ``(requests, accepted, verified, passes)`` of each of the last verifying steps since the last pause
+        self.verdicts: deque[tuple[int, int, int, int]] = deque(maxlen=WINDOW)
 
     def reset(self) -> None:
         """Start over (after warm-up and profiling steps)."""
         self.step = 0
         self.depth = self.k
-        self.idle = 0
+        self.idle = self.paused_for = 0
+        self.probing = False
         self.admitted.clear()
+        self.verdicts.clear()
 
-    def plan(self, asked: int, most_admitted: int) -> int:
-        """Fold this step's verdict in and return the depth of the drafts proposed now.
+    def plan(self, asked: int, most_admitted: int, verifying: bool = True, any_accepted: bool = False,
+             sums: tuple[int, int, int] | None = None) -> int:
+        """Fold this step's verdict in and return the depth of the drafts proposed now; :attr:`probing` tells
+        whether they are a pause's probe.
 
         Args:
             asked: drafts the scheduler asked for (``num_spec_tokens_to_schedule``).
             most_admitted: the most drafts the budget admitted to one request this step (0 if none verified).
+            verifying: whether drafts were scheduled for verification this step (False in a prefill-only step
+                and in the steps after a depth of 0, which count toward no pause).
+            any_accepted: whether the target accepted a draft this step (in a pause: a probe's, which ends it
+                where :attr:`costs` is None).
+            sums: ``(requests, accepted, verified)`` of a verifying step, over its requests; with :attr:`costs`
+                (the profiled :class:`~kimi.spec.payoff.StepCosts`) they decide whether drafting pays.
         """
         self.admitted.append(most_admitted)
-        self.idle = 0 if most_admitted > 0 else self.idle + 1
-        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.idle)
+        if verifying and sums is not None and sums[0] > 0:
+            self.verdicts.append((*sums, max(self.depth, 1)))
+        if self.paused_for > 0:
+            if self._resumes(any_accepted, verifying):
+                self.idle = self.paused_for = 0
+                self.verdicts.clear()
+            else:
+                self.paused_for += 1
+        else:
+            if most_admitted > 0:
+                self.idle = 0
+            elif verifying:
+                self.idle += 1
+            if self.idle >= WINDOW or not self._pays():
+                self.paused_for = 1
+                self.verdicts.clear()
+        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.paused_for)
+        self.probing = self.paused_for > 0 and self.depth > 0
         self.step += 1
         self.counts.steps += 1
         self.counts.passes += max(self.depth, 1)
         self.counts.paused += int(self.depth == 0 and asked > 0)
         return self.depth
+
+    def _pays(self) -> bool:
+        """Whether the last :data:`WINDOW` verifying steps accepted enough to pay for the drafter (True until
+        there are that many, or without profiled costs)."""
+        if self.costs is None or len(self.verdicts) < WINDOW:
+            return True
+        requests, accepted, verified, passes = (float(sum(column)) for column in zip(*self.verdicts, strict=True))
+        return self.costs.pays(requests / WINDOW, accepted / requests, verified / requests, passes / WINDOW)
+
+    def _resumes(self, any_accepted: bool, verifying: bool) -> bool:
+        """In a pause, whether the step's verdict (a probe's, when verifying) ends it."""
+        if not verifying:
+            return False
+        if self.costs is None or not self.verdicts:
+            return any_accepted
+        requests, accepted, verified, _ = self.verdicts[-1]
+        return self.costs.pays(requests, accepted / requests, verified / requests, 1)
 
 
 def prepare_drafts(draft_tokens: torch.Tensor, confidences: torch.Tensor, num_reqs: int, depth: int) -> None:
@@ -212,25 +266,26 @@ def positive_slots(confidences: torch.Tensor, scheduled: np.ndarray) -> int:
     return int((alive & eligible).sum())
 
 
-def bound_budget(manager: Any, req_ids: list[str], num_tokens: int) -> int:
+def bound_budget(manager: Any, req_ids: list[str], num_tokens: int, probe: bool = False) -> int:
     """Bound the draft budget that ``manager`` (vLLM's ``AdaptiveVerificationManager``) just chose by the
-    scheduled drafts of positive survival (module docstring).
+    scheduled drafts of positive survival (module docstring); for a pause's ``probe``, set it to them.
 
     Args:
         manager: the manager, right after ``get_num_tokens`` (its ``_batch_budget`` holds the choice).
         req_ids: the batch's request ids, as ``get_num_tokens`` was given them.
         num_tokens: what ``get_num_tokens`` returned: tokens before drafts plus the budget.
+        probe: the scheduled drafts are a pause's probe: every one of positive survival is verified.
 
     Returns:
         The token count with the bounded budget (``_batch_budget`` is updated to match).
     """
     num_drafts, num_non_draft, budget = manager._batch_budget
-    if budget == 0 or not req_ids:
+    if (budget == 0 and not probe) or not req_ids:
         return num_tokens
     slots = [manager.req_states.req_id_to_index[r] for r in req_ids]
     scheduled = np.array([num_drafts[r] for r in req_ids], dtype=np.int64)
     limit = positive_slots(manager._confidence_probs[slots], scheduled)
-    if budget <= limit:
+    if budget == limit or (budget < limit and not probe):
         return num_tokens
     manager._batch_budget = (num_drafts, num_non_draft, limit)
     return num_tokens - (budget - limit)
@@ -265,14 +320,30 @@ def before_propose(runner: Any, input_batch: Any, num_sampled: torch.Tensor, num
         return asked
     num_reqs = input_batch.num_reqs
     most = 0
-    if num_reqs and input_batch.num_draft_tokens_per_req is not None:
-        admitted, _ = verdict(num_sampled[:num_reqs], num_rejected[:num_reqs])
+    verifying = bool(num_reqs) and input_batch.num_draft_tokens_per_req is not None
+    accepted, sums = False, None
+    if verifying:
+        admitted, accepted_per_request = verdict(num_sampled[:num_reqs], num_rejected[:num_reqs])
         most = int(admitted.max())
-    depth = state.plan(asked, most)
+        accepted = bool((accepted_per_request > 0).any())
+        sums = (int((num_sampled[:num_reqs] > 0).sum()), int(accepted_per_request.sum()), int(admitted.sum()))
+    state.costs = getattr(runner, STEP_COSTS_ATTR, None)
+    depth = state.plan(asked, most, verifying, accepted, sums)
     if depth < runner.num_speculative_steps:
         speculator = runner.speculator
         prepare_drafts(speculator.draft_tokens, speculator.draft_token_confidence_probs, num_reqs, depth)
     return depth
+
+
+def drafter_scope(runner: Any, depth: int) -> AbstractContextManager:
+    """Where the drafter proposes ``depth`` passes: at depth 0 under the rule (a pause; its one pass only keeps the
+    drafter's KV cache current) the attention of the torch-only CPU platform skips the output nobody reads
+    (:func:`kimi.cpu_platform.ops.attention_output_unused`); otherwise nothing changes."""
+    if depth != 0 or getattr(runner, RUNNER_ATTR, None) is None:
+        return nullcontext()
+    from kimi.cpu_platform.ops import attention_output_unused
+
+    return attention_output_unused()
 
 
 def after_record(runner: Any, input_batch: Any) -> None:
@@ -287,10 +358,11 @@ def after_record(runner: Any, input_batch: Any) -> None:
 
 def budget_chosen(runner: Any, num_tokens_per_req: dict[str, int], num_tokens: int) -> int:
     """After adaptive verification chose the step's budget for the requests of ``num_tokens_per_req`` (in its
-    order): :func:`bound_budget` where the rule applies, else ``num_tokens``."""
-    if _state(runner) is None:
+    order): :func:`bound_budget` where the rule applies (a probe's drafts all verified), else ``num_tokens``."""
+    state = _state(runner)
+    if state is None:
         return num_tokens
-    return bound_budget(runner.adaptive_verification, list(num_tokens_per_req), num_tokens)
+    return bound_budget(runner.adaptive_verification, list(num_tokens_per_req), num_tokens, probe=state.probing)
 
 
 def reset(runner: Any) -> None:

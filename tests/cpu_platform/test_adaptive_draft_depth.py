@@ -41,6 +41,7 @@ if installed_line() == "mainline":
     from kimi.spec import depth
     from kimi.spec.adaptive import dense_curve
     from kimi.spec.depth import DraftDepth, PassCounts, depth_rule
+    from kimi.spec.payoff import StepCosts
 
 K = 3
 MAX_REQS = 4
@@ -65,7 +66,7 @@ def test_the_depth_falls_after_the_window_and_climbs_one_step_at_a_time():
     counts = PassCounts()
     state = DraftDepth(K, counts)
     admitted = [3] * 10 + [0] * 12 + [1, 2, 3, 3]
-    depths = [state.plan(K, a) for a in admitted]
+    depths = [state.plan(K, a, any_accepted=a > 0) for a in admitted]
     # the window of 8 steps still holds a 3 up to step 16; from step 17 on it holds only zeros: a pause
     assert depths[:17] == [K] * 17
     assert depths[17:22] == [0] * 5
@@ -76,17 +77,65 @@ def test_the_depth_falls_after_the_window_and_climbs_one_step_at_a_time():
     assert [state.plan(K, 1) for _ in range(8)] == [K] * 7 + [2], "warm-up starts again after a reset"
 
 
-def test_a_pause_drafts_nothing_but_probes_every_eighth_step_and_ends_on_an_admitted_draft():
+def test_a_pause_drafts_nothing_but_probes_every_eighth_step_and_ends_on_an_accepted_draft():
     state = DraftDepth(K, PassCounts())
-    depths = [state.plan(K, 0) for _ in range(40)]
+    depths, probing = [], []
+    for _ in range(40):
+        depths.append(state.plan(K, 0))
+        probing.append(state.probing)
     assert depths[:7] == [K] * 7, "warm-up"
     assert depths[7:] == ([0] * 7 + [1]) * 4 + [0], "paused from the 8th step without an admitted draft"
-    assert state.plan(K, 1) == 2, "the probe's draft admitted: drafting resumes"
+    assert probing == [d == 1 for d in depths], "the depth-1 steps of the pause are its probes"
+    assert state.plan(K, 1) == 0, "a probe's draft verified but rejected: the pause goes on"
+    assert state.plan(K, 1, any_accepted=True) == 2, "a probe's draft accepted: drafting resumes"
+    assert not state.probing
     assert state.plan(K, 0) == 2, "the window still holds the admitted draft"
-    assert depth_rule(K, K, 9, [0] * 8, idle=8) == 0
-    assert depth_rule(K, K, 9, [0] * 8, idle=15) == 1, "a probe"
-    assert depth_rule(K, K, 9, [0] * 8, idle=7) == 1, "one step short of a pause"
-    assert depth_rule(K, K, 3, [0] * 8, idle=12) == K, "no pause in warm-up"
+    assert depth_rule(K, K, 9, [0] * 8, paused_for=1) == 0
+    assert depth_rule(K, K, 9, [0] * 8, paused_for=8) == 1, "a probe"
+    assert depth_rule(K, K, 9, [0] * 8) == 1, "no pause"
+    assert depth_rule(K, K, 3, [0] * 8, paused_for=5) == K, "no pause in warm-up"
+
+
+def costs(plain: float = 20.0, drafter: float = 6.0, per_token: float = 0.5) -> StepCosts:
+    """Flat profiled costs for up to MAX_REQS requests: a plain step, the drafter's K passes, a verified token."""
+    return StepCosts(np.full(MAX_REQS + 1, plain), np.full(MAX_REQS + 1, drafter), per_token, K)
+
+
+def test_drafting_pays_when_the_accepted_tokens_outweigh_the_drafter_and_the_verification():
+    # a x T(r) > D(r) d / k + c v r: 20 a > 6 d / 3 + 0.5 v r
+    assert costs().pays(2, accepted=0.5, verified=1.0, passes=3)  # 10 > 2 + 1
+    assert not costs().pays(2, accepted=0.1, verified=1.0, passes=3)  # 2 < 3
+    assert not costs().pays(4, accepted=0.2, verified=2.0, passes=1)  # 4 < 2 + 4
+    assert costs().pays(99, accepted=0.5, verified=1.0, passes=3), "request counts past the profile: the last"
+
+
+def test_a_window_that_does_not_pay_pauses_and_a_probe_that_pays_resumes():
+    """Drafts admitted every step but rarely accepted (off-domain prompts): the profiled costs pause drafting after
+    a window of such steps although the budget admits drafts; a probe (1 draft for each of 2 requests) whose
+    acceptance pays for a drafter pass ends the pause, one that does not keeps it."""
+    state = DraftDepth(K, PassCounts())
+    state.costs = costs()
+    poor = (2, 0, 6)  # 2 requests, none of their 6 verified drafts accepted
+    depths = [state.plan(K, 3, sums=poor) for _ in range(7)]  # warm-up
+    depths += [state.plan(K, 3, sums=poor)]
+    assert depths == [K] * 7 + [0], "a window of steps that do not pay: a pause"
+    while not state.probing:
+        state.plan(K, 0, verifying=False)
+    assert state.plan(K, 1, any_accepted=True, sums=(2, 1, 2)) == 2, "0.5 accepted a request pays: 10 > 2 + 1"
+    state = DraftDepth(K, PassCounts())
+    state.costs = costs(plain=4.0)
+    [state.plan(K, 3, sums=poor) for _ in range(8)]
+    while not state.probing:
+        state.plan(K, 0, verifying=False)
+    assert state.plan(K, 1, any_accepted=True, sums=(2, 1, 2)) == 0, "accepted, but 2 < 2 + 1: the pause goes on"
+
+
+def test_steps_that_verify_nothing_start_no_pause():
+    """A long prompt's prefill chunks verify no draft: they neither start a pause nor end one."""
+    state = DraftDepth(K, PassCounts())
+    assert [state.plan(K, 0, verifying=False) for _ in range(20)] == [K] * 7 + [1] * 13
+    assert [state.plan(K, 0) for _ in range(8)] == [1] * 7 + [0], "eight verifying steps without an admitted draft"
+    assert [state.plan(K, 0, verifying=False) for _ in range(8)] == [0] * 6 + [1, 0], "the pause goes on, probing"
 
 
 def test_undrafted_positions_get_token_minus_one_and_confidence_zero():
@@ -155,6 +204,25 @@ def test_without_the_host_mask_the_budget_admits_a_minus_one_draft():
     assert run_steps(make_manager(FLAT), steps, mask=True, bound=True) == [[7], [7]]
 
 
+def test_a_probe_is_verified_whatever_the_budget_chose():
+    """A pause's probe: the budget, reading confidences a step old (all 0 in a pause), admits nothing; the
+    probe's drafts of positive survival on the device are all verified, undrafted positions never."""
+    manager = make_manager([(1, 10.0), (MAX_TOKENS, 1e4)])  # verification priced so the budget admits nothing
+    req_ids = ["r0", "r1"]
+    batch = SimpleNamespace(num_reqs=2, idx_mapping=torch.tensor([0, 1]), idx_mapping_np=np.array([0, 1]))
+    for d in (0, 1):  # a paused step, then the probe (depth 1)
+        tokens, confidences = torch.full((2, K), 7, dtype=torch.int64), torch.full((2, K), 0.9)
+        depth.prepare_drafts(tokens, confidences, 2, d)
+        manager.record_confidences(confidences, batch)
+        depth.mask_host_copy(manager._stale_confidences[manager._stale_idx].np, batch.idx_mapping_np, d)
+    num_tokens_per_req = {r: 1 + K for r in req_ids}
+    chosen = manager.get_num_tokens(num_tokens_per_req, {r: [7] * K for r in req_ids})
+    assert chosen == 2 and depth.bound_budget(manager, req_ids, chosen) == 2, "the budget alone verifies none"
+    assert depth.bound_budget(manager, req_ids, chosen, probe=True) == 4
+    cu_num_logits, _, budget, _ = manager.reallocate_drafts(req_ids, batch.idx_mapping)
+    assert budget == 2 and (torch.diff(cu_num_logits) - 1).tolist() == [1, 1]
+
+
 def test_without_the_bound_a_paused_request_lets_a_zero_survival_tie_admit_a_minus_one_draft():
     """Depth 1, the host copy masked, verification priced flat. The back-off has just zeroed r1's confidences,
     which the one-step-old host copy does not show yet: the budget counts two drafts where the device ranks one
@@ -215,6 +283,24 @@ def test_the_rule_runs_only_on_an_eager_cpu_engine_with_synchronous_scheduling(c
     else:
         assert depths == [K] * 9, "off: the drafter runs every pass the scheduler asked for"
         assert (depth.COUNTS.steps, depth.COUNTS.passes) == counts
+
+
+def test_a_paused_drafter_attends_to_nothing_only_under_the_rule():
+    """At depth 0 under the rule the drafter's pass only keeps its KV cache: its attention skips the output
+    (:func:`kimi.cpu_platform.ops.attention_output_unused`); at any other depth, or where the rule does not run,
+    the scope changes nothing."""
+    from kimi.cpu_platform import ops
+
+    runner = fake_runner()
+    depth.before_propose(runner, SimpleNamespace(num_reqs=0, num_draft_tokens_per_req=None), torch.zeros(0),
+                         torch.zeros(0), K)  # the rule's state is made on first use
+    with depth.drafter_scope(runner, 0):
+        assert ops._OUTPUT_UNUSED.get()
+    assert not ops._OUTPUT_UNUSED.get()
+    for runner_, d in ((runner, 1), (runner, K), (fake_runner(adaptive_verification=None), 0)):
+        depth._state(runner_)
+        with depth.drafter_scope(runner_, d):
+            assert not ops._OUTPUT_UNUSED.get()
 
 
 # ---------------------------------------------------------------------------------------------

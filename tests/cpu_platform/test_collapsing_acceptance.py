@@ -317,7 +317,8 @@ def test_an_engine_whose_drafts_fail_pauses_and_probes_and_keeps_greedy_output(t
     """The shipped pair with its drafter's lm_head rows rolled by one (drafts wrong, as confidently as before),
     verification priced flat so that the budget alone would verify every draft, 2 requests x 48 tokens: with
     the back-off (patience 2, pauses 4 to 8) the requests pause and are probed, most scheduled drafts are never
-    verified, and greedy output equals no speculation's."""
+    verified (and the draft depth's pause, patch 0027, soon schedules none), and greedy output equals no
+    speculation's."""
     bad = wrong_drafter(PAIR / "drafter", tmp_path / "drafter")
     found = run_engine_script(textwrap.dedent(ENGINE.format(target=PAIR / "target", bad=bad, tokens=48)))
     assert found["same"], "the back-off changed greedy output"
@@ -327,5 +328,6 @@ def test_an_engine_whose_drafts_fail_pauses_and_probes_and_keeps_greedy_output(t
     assert m["vllm:spec_decode_adaptive_observed_accepted_tokens_per_pos"] == 0
     scheduled = m["vllm:spec_decode_num_draft_tokens"]
     verified = m["vllm:spec_decode_adaptive_verified_tokens_per_pos"]
-    assert scheduled > 200 and verified < 0.3 * scheduled, (verified, scheduled)
-    assert m["vllm:spec_decode_adaptive_draft_budget"] > 40  # steps recorded in the budget histogram
+    assert scheduled > 0 and verified < 0.5 * scheduled, (verified, scheduled)
+    # steps recorded in the budget histogram: those with drafts scheduled, which the depth's pause makes few
+    assert m["vllm:spec_decode_adaptive_draft_budget"] >= 8
