@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from vllm.logger import init_logger
 
+from kimi.spec.payoff import STEP_COSTS_ATTR, StepCosts, by_size
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
@@ -117,9 +119,8 @@ def dense_curve(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """
     if len(curve) < 2:
         return list(curve)
-    sizes, ms = np.asarray(curve, dtype=np.float64).T
-    every = np.arange(int(sizes[0]), int(sizes[-1]) + 1)
-    return [(int(n), float(v)) for n, v in zip(every, np.interp(every, sizes, ms), strict=True)]
+    first = int(curve[0][0])
+    return [(size, float(ms)) for size, ms in enumerate(by_size(curve)) if size >= first]
 
 
 Curve = list[tuple[int, float]]
@@ -198,8 +199,6 @@ def profile_eager_costs(runner: Any) -> None:
                 "request", [(n, round(ms, 2)) for n, ms in draft], [(n, round(ms, 2)) for n, ms in verify], query_len,
                 [(n, round(ms, 2)) for n, ms in decode], per_token)
     manager.set_cost_curves(dense_curve(draft_curve), verify_curve)
-    from kimi.spec.payoff import STEP_COSTS_ATTR, StepCosts, by_size
-
     setattr(runner, STEP_COSTS_ATTR, StepCosts(by_size(one_token), by_size(draft), per_token, query_len - 1))
     estimator = getattr(runner.speculator, "acceptance_estimator", None)
     if estimator is not None:
