@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from vllm.logger import init_logger
 
-from kimi.spec.payoff import STEP_COSTS_ATTR, StepCosts, by_size
-
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
@@ -119,8 +117,9 @@ def dense_curve(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """
     if len(curve) < 2:
         return list(curve)
-    first = int(curve[0][0])
-    return [(size, float(ms)) for size, ms in enumerate(by_size(curve)) if size >= first]
+    sizes, ms = np.asarray(curve, dtype=np.float64).T
+    every = np.arange(int(sizes[0]), int(sizes[-1]) + 1)
+    return [(int(size), float(cost)) for size, cost in zip(every, np.interp(every, sizes, ms), strict=True)]
 
 
 Curve = list[tuple[int, float]]
@@ -161,10 +160,8 @@ def profile_eager_costs(runner: Any) -> None:
     ``decode_query_len`` tokens for the request counts among them; the target forward's cost is split into a part
     per request and one per token (:func:`per_request_curves`: upstream's curves price a draft token as the
     target's cost of one more request, about three times a real decode step's on the CPU) and the curves are
-    handed over dense (:func:`dense_curve`); the plain step and the drafter by request count are kept on the
-    runner (a :class:`kimi.spec.payoff.StepCosts`) for the draft depth's pause.  The
-    acceptance
-    estimator's statistics, which the dummy steps fed, are dropped afterwards, and so is what the collapse
+    handed over dense (:func:`dense_curve`).  The acceptance estimator's statistics, which the dummy steps fed,
+    are dropped afterwards, and so is what the collapse
     watch (:mod:`kimi.spec.watch`) and the draft depth (:mod:`kimi.spec.depth`) saw during warm-up.
     """
     manager = runner.adaptive_verification
@@ -199,7 +196,6 @@ def profile_eager_costs(runner: Any) -> None:
                 "request", [(n, round(ms, 2)) for n, ms in draft], [(n, round(ms, 2)) for n, ms in verify], query_len,
                 [(n, round(ms, 2)) for n, ms in decode], per_token)
     manager.set_cost_curves(dense_curve(draft_curve), verify_curve)
-    setattr(runner, STEP_COSTS_ATTR, StepCosts(by_size(one_token), by_size(draft), per_token, query_len - 1))
     estimator = getattr(runner.speculator, "acceptance_estimator", None)
     if estimator is not None:
         estimator.warmup()

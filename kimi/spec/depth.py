@@ -9,15 +9,18 @@ runner asks, before the drafter proposes, how deep to draft:
 - ``depth = min(k, 1 + the most drafts the budget admitted to any one request over the last`` :data:`WINDOW`
   ``steps)``, at most the drafts the scheduler asked for;
 - once the budget has admitted no draft to any request in :data:`WINDOW` verifying steps in a row (steps that
-  verified no draft, a prefill's, do not count), or the last :data:`WINDOW` verifying steps accepted too few
-  drafts to pay for the drafter at the profiled step costs (:class:`kimi.spec.payoff.StepCosts`), drafting
-  pauses: the
-  depth is 0 - the drafter runs its one prefill pass without sampling, which keeps its KV cache current, and the
-  runner hands the scheduler no drafts, so the next step decodes as without speculation (no verification, no
-  budget) - except for a probe of depth 1 every :data:`PROBE_EVERY` steps, whose drafts are verified whatever
-  the budget says (the budget reads confidences a step old, which in a pause are all 0, and an estimator that
-  sees no verified draft never learns otherwise); the pause ends when the probe's acceptance would pay for the
-  drafter (without profiled costs: when a probe draft is accepted);
+  verified no draft, a prefill's, do not count), or the last :data:`WINDOW` drafting steps emitted tokens more
+  slowly than steps without drafts do at the same batch sizes (the engine's own step times,
+  :mod:`kimi.spec.payoff`), drafting pauses: the depth is 0 - the drafter runs its one prefill pass without
+  sampling, which keeps its KV cache current, and the runner hands the scheduler no drafts, so the next step
+  decodes as without speculation (no verification, no budget) - except for a probe of depth 1 every
+  :data:`PROBE_EVERY` steps, whose drafts are verified whatever the budget says (the budget reads confidences a
+  step old, which in a pause are all 0, and an estimator that sees no verified draft never learns otherwise);
+  the pause ends when the probe step's token rate beats the plain rate by
+  :data:`~kimi.spec.payoff.RESUME_MARGIN` (before any plain step was timed: when a probe draft is accepted);
+- while drafting, where the batch size's plain-step time is unknown or older than
+  :data:`~kimi.spec.payoff.RESAMPLE_EVERY` steps, :data:`SAMPLE_STEPS` steps decode without drafts to time it
+  (at most once in :data:`SAMPLE_GAP` steps);
 - for the first :data:`WARMUP_STEPS` steps after warm-up the depth stays at ``k``, so the acceptance estimator
   gets evidence at every position before the budget can shrink the drafting.
 
@@ -46,6 +49,7 @@ Reached through ``kimi.hooks.eagle3_adaptive_draft_depth`` (patch ``eagle3-adapt
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -55,7 +59,7 @@ import numpy as np
 import torch
 
 from kimi.spec.acceptance import verdict
-from kimi.spec.payoff import STEP_COSTS_ATTR, StepCosts
+from kimi.spec.payoff import RESUME_MARGIN, PlainSteps, TimedStep
 
 #: Steps after warm-up during which the drafter runs all ``k`` passes.
 WARMUP_STEPS = 7
@@ -64,6 +68,10 @@ WARMUP_STEPS = 7
 WINDOW = 8
 #: In a pause, one step in this many drafts (depth 1) to probe whether the budget admits drafts again.
 PROBE_EVERY = 8
+#: Steps without drafts taken in a row to time a plain step while drafting.
+SAMPLE_STEPS = 2
+#: The fewest steps between two such samplings.
+SAMPLE_GAP = 32
 #: The runner attribute that holds its :class:`DraftDepth`.
 RUNNER_ATTR = "_kimi_draft_depth"
 
@@ -76,7 +84,8 @@ class PassCounts:
         steps: sampling steps in which the drafter ran.
         passes: drafter forward passes in those steps (the depth, or 1 where the depth is 0: the pass that
             keeps the drafter's KV cache current).
-        paused: steps of depth 0 while drafts were asked for (a pause: no draft handed to the scheduler).
+        paused: steps of depth 0 while drafts were asked for (a pause, or a plain step timed on purpose: no
+            draft handed to the scheduler).
     """
 
     steps: int = 0
@@ -91,7 +100,8 @@ class PassCounts:
 COUNTS = PassCounts()
 
 
-def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paused_for: int = 0) -> int:
+def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paused_for: int = 0,
+               sampling: bool = False) -> int:
     """Drafter passes for one step (0: the drafter only keeps its KV cache, no draft is proposed).
 
     Args:
@@ -101,15 +111,19 @@ def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paus
         admitted_recently: per step of the last :data:`WINDOW` (this step's verdict included), the most drafts
             the budget admitted to one request.
         paused_for: steps of the current pause, this one included (0: no pause).
+        sampling: the step decodes without drafts to time a plain step.
 
     Returns:
-        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; in a pause 0, or 1 on every
-        :data:`PROBE_EVERY`-th step of it; else ``min(asked, 1 + max(admitted_recently))``, at least 1.
+        ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; 0 while sampling; in a
+        pause 0, or 1 on every :data:`PROBE_EVERY`-th step of it; else ``min(asked, 1 + max(admitted_recently))``,
+        at least 1.
     """
     if asked <= 0:
         return 0
     if step < WARMUP_STEPS:
         return asked
+    if sampling:
+        return 0
     if paused_for > 0:
         return 1 if paused_for % PROBE_EVERY == 0 else 0
     return max(1, min(asked, k, 1 + max(admitted_recently, default=0)))
@@ -141,27 +155,26 @@ class DraftDepth:
     def __init__(self, k: int, counts: PassCounts = COUNTS):
         self.k = k
         self.counts = counts
-        self.step = 0
-        self.depth = k
-        self.idle = 0
-        self.paused_for = 0
-        self.probing = False
-        self.costs: StepCosts | None = None
         self.admitted: deque[int] = deque(maxlen=WINDOW)
-        #: ``(requests, accepted, verified, passes)`` of each of the last verifying steps since the last pause
-        self.verdicts: deque[tuple[int, int, int, int]] = deque(maxlen=WINDOW)
+        #: the timed steps verifying drafts since the last pause, the last :data:`WINDOW` of them
+        self.window: deque[TimedStep] = deque(maxlen=WINDOW)
+        self.reset()
 
     def reset(self) -> None:
         """Start over (after warm-up and profiling steps)."""
+        self.plain = PlainSteps()
         self.step = 0
         self.depth = self.k
-        self.idle = self.paused_for = 0
+        #: ``time.perf_counter()`` at the runner's last call (None: no step since the reset)
+        self.clock: float | None = None
+        self.idle = self.paused_for = self.sampling = 0
+        self.last_sampled = -SAMPLE_GAP
         self.probing = False
         self.admitted.clear()
-        self.verdicts.clear()
+        self.window.clear()
 
     def plan(self, asked: int, most_admitted: int, verifying: bool = True, any_accepted: bool = False,
-             sums: tuple[int, int, int] | None = None) -> int:
+             timed: TimedStep | None = None) -> int:
         """Fold this step's verdict in and return the depth of the drafts proposed now; :attr:`probing` tells
         whether they are a pause's probe.
 
@@ -171,17 +184,19 @@ class DraftDepth:
             verifying: whether drafts were scheduled for verification this step (False in a prefill-only step
                 and in the steps after a depth of 0, which count toward no pause).
             any_accepted: whether the target accepted a draft this step (in a pause: a probe's, which ends it
-                where :attr:`costs` is None).
-            sums: ``(requests, accepted, verified)`` of a verifying step, over its requests; with :attr:`costs`
-                (the profiled :class:`~kimi.spec.payoff.StepCosts`) they decide whether drafting pays.
+                while no plain step has been timed).
+            timed: the step as it ran, where its batch held no prefill: a plain step's time when it verified
+                nothing after a depth of 0, a drafting step's otherwise.
         """
         self.admitted.append(most_admitted)
-        if verifying and sums is not None and sums[0] > 0:
-            self.verdicts.append((*sums, max(self.depth, 1)))
+        if timed is not None and not verifying and self.depth == 0:
+            self.plain.add(timed, self.step)
+        if timed is not None and verifying and self.paused_for == 0:
+            self.window.append(timed)
         if self.paused_for > 0:
-            if self._resumes(any_accepted, verifying):
+            if self._resumes(any_accepted, verifying, timed):
                 self.idle = self.paused_for = 0
-                self.verdicts.clear()
+                self.window.clear()
             else:
                 self.paused_for += 1
         else:
@@ -191,31 +206,38 @@ class DraftDepth:
                 self.idle += 1
             if self.idle >= WINDOW or not self._pays():
                 self.paused_for = 1
-                self.verdicts.clear()
-        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.paused_for)
+                self.window.clear()
+        self._plan_sampling(timed)
+        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.paused_for, self.sampling > 0)
         self.probing = self.paused_for > 0 and self.depth > 0
+        self.sampling = max(self.sampling - 1, 0)
         self.step += 1
         self.counts.steps += 1
         self.counts.passes += max(self.depth, 1)
         self.counts.paused += int(self.depth == 0 and asked > 0)
         return self.depth
 
-    def _pays(self) -> bool:
-        """Whether the last :data:`WINDOW` verifying steps accepted enough to pay for the drafter (True until
-        there are that many, or without profiled costs)."""
-        if self.costs is None or len(self.verdicts) < WINDOW:
-            return True
-        requests, accepted, verified, passes = (float(sum(column)) for column in zip(*self.verdicts, strict=True))
-        return self.costs.pays(requests / WINDOW, accepted / requests, verified / requests, passes / WINDOW)
+    def _plan_sampling(self, timed: TimedStep | None) -> None:
+        """While drafting past warm-up, start timing plain steps where the batch size's plain time is stale."""
+        if (self.sampling or self.paused_for or timed is None or self.step < WARMUP_STEPS
+                or self.step - self.last_sampled < SAMPLE_GAP or not self.plain.stale(timed.requests, self.step)):
+            return
+        self.sampling = SAMPLE_STEPS
+        self.last_sampled = self.step
 
-    def _resumes(self, any_accepted: bool, verifying: bool) -> bool:
+    def _pays(self) -> bool:
+        """Whether the last :data:`WINDOW` drafting steps emitted tokens faster than plain steps would have (True
+        until there are that many, or while their batch sizes' plain times are unknown)."""
+        if len(self.window) < WINDOW:
+            return True
+        return self.plain.beaten_by(self.window) is not False
+
+    def _resumes(self, any_accepted: bool, verifying: bool, timed: TimedStep | None) -> bool:
         """In a pause, whether the step's verdict (a probe's, when verifying) ends it."""
         if not verifying:
             return False
-        if self.costs is None or not self.verdicts:
-            return any_accepted
-        requests, accepted, verified, _ = self.verdicts[-1]
-        return self.costs.pays(requests, accepted / requests, verified / requests, 1)
+        beaten = None if timed is None else self.plain.beaten_by([timed], RESUME_MARGIN)
+        return any_accepted if beaten is None else beaten
 
 
 def prepare_drafts(draft_tokens: torch.Tensor, confidences: torch.Tensor, num_reqs: int, depth: int) -> None:
@@ -318,21 +340,38 @@ def before_propose(runner: Any, input_batch: Any, num_sampled: torch.Tensor, num
     state = _state(runner)
     if state is None:
         return asked
+    now = time.perf_counter()
+    elapsed_ms = None if state.clock is None else (now - state.clock) * 1e3
+    state.clock = now
     num_reqs = input_batch.num_reqs
     most = 0
     verifying = bool(num_reqs) and input_batch.num_draft_tokens_per_req is not None
-    accepted, sums = False, None
+    accepted = False
     if verifying:
         admitted, accepted_per_request = verdict(num_sampled[:num_reqs], num_rejected[:num_reqs])
         most = int(admitted.max())
         accepted = bool((accepted_per_request > 0).any())
-        sums = (int((num_sampled[:num_reqs] > 0).sum()), int(accepted_per_request.sum()), int(admitted.sum()))
-    state.costs = getattr(runner, STEP_COSTS_ATTR, None)
-    depth = state.plan(asked, most, verifying, accepted, sums)
+    timed = None
+    if elapsed_ms is not None and num_reqs and not input_batch.has_prefill:
+        timed = TimedStep(num_reqs, int(num_sampled[:num_reqs].sum()), rank_zeros(elapsed_ms))
+    depth = state.plan(asked, most, verifying, accepted, timed)
     if depth < runner.num_speculative_steps:
         speculator = runner.speculator
         prepare_drafts(speculator.draft_tokens, speculator.draft_token_confidence_probs, num_reqs, depth)
     return depth
+
+
+def rank_zeros(ms: float) -> float:
+    """``ms`` as tensor-parallel rank 0 measured it, so that every rank's rule decides alike (each rank runs the
+    drafter, whose passes must match across ranks)."""
+    from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+
+    if not model_parallel_is_initialized() or get_tp_group().world_size == 1:
+        return ms
+    group = get_tp_group()
+    shared = torch.tensor([ms], dtype=torch.float64)
+    group.broadcast(shared, src=0)
+    return float(shared[0])
 
 
 def drafter_scope(runner: Any, depth: int) -> AbstractContextManager:

@@ -40,8 +40,8 @@ if installed_line() == "mainline":
 
     from kimi.spec import depth
     from kimi.spec.adaptive import dense_curve
-    from kimi.spec.depth import DraftDepth, PassCounts, depth_rule
-    from kimi.spec.payoff import StepCosts
+    from kimi.spec.depth import SAMPLE_STEPS, WINDOW, DraftDepth, PassCounts, depth_rule
+    from kimi.spec.payoff import EMA_WEIGHT, RESAMPLE_EVERY, PlainSteps, TimedStep, bucket
 
 K = 3
 MAX_REQS = 4
@@ -96,38 +96,72 @@ def test_a_pause_drafts_nothing_but_probes_every_eighth_step_and_ends_on_an_acce
     assert depth_rule(K, K, 3, [0] * 8, paused_for=5) == K, "no pause in warm-up"
 
 
-def costs(plain: float = 20.0, drafter: float = 6.0, per_token: float = 0.5) -> StepCosts:
-    """Flat profiled costs for up to MAX_REQS requests: a plain step, the drafter's K passes, a verified token."""
-    return StepCosts(np.full(MAX_REQS + 1, plain), np.full(MAX_REQS + 1, drafter), per_token, K)
+def test_plain_steps_are_averaged_per_bucket_scaled_by_requests_and_go_stale():
+    plain = PlainSteps()
+    assert [bucket(r) for r in (1, 7, 8, 15, 16, 33)] == [1, 7, 8, 8, 16, 32]
+    assert plain.ms(3) is None and plain.stale(3, now=0)
+    plain.add(TimedStep(3, 3, 12.0), at=10)
+    plain.add(TimedStep(3, 3, 22.0), at=11)
+    assert plain.ms(3) == pytest.approx(12.0 + EMA_WEIGHT * 10.0)
+    plain.add(TimedStep(8, 8, 40.0), at=12)
+    assert plain.ms(12) == pytest.approx(60.0), "a bucket's average scaled by the request count"
+    assert plain.ms(4) is None, "no sample in that bucket"
+    assert not plain.stale(3, now=11 + RESAMPLE_EVERY - 1) and plain.stale(3, now=11 + RESAMPLE_EVERY)
 
 
-def test_drafting_pays_when_the_accepted_tokens_outweigh_the_drafter_and_the_verification():
-    # a x T(r) > D(r) d / k + c v r: 20 a > 6 d / 3 + 0.5 v r
-    assert costs().pays(2, accepted=0.5, verified=1.0, passes=3)  # 10 > 2 + 1
-    assert not costs().pays(2, accepted=0.1, verified=1.0, passes=3)  # 2 < 3
-    assert not costs().pays(4, accepted=0.2, verified=2.0, passes=1)  # 4 < 2 + 4
-    assert costs().pays(99, accepted=0.5, verified=1.0, passes=3), "request counts past the profile: the last"
+def test_drafting_pays_when_its_tokens_come_faster_than_plain_steps_at_the_same_batch_sizes():
+    plain = PlainSteps()
+    plain.add(TimedStep(2, 2, 10.0), at=0)  # 0.2 tokens a ms without drafts
+    assert plain.beaten_by([TimedStep(2, 3, 12.0)]) is True  # 0.25 a ms
+    assert plain.beaten_by([TimedStep(2, 3, 16.0)]) is False  # 0.1875 a ms
+    assert plain.beaten_by([TimedStep(2, 3, 14.5), TimedStep(2, 3, 14.5)], margin=1.05) is False  # 0.207 < 0.21
+    assert plain.beaten_by([TimedStep(2, 3, 12.0), TimedStep(5, 9, 1.0)]) is None, "no plain time for 5 requests"
 
 
-def test_a_window_that_does_not_pay_pauses_and_a_probe_that_pays_resumes():
-    """Drafts admitted every step but rarely accepted (off-domain prompts): the profiled costs pause drafting after
-    a window of such steps although the budget admits drafts; a probe (1 draft for each of 2 requests) whose
-    acceptance pays for a drafter pass ends the pause, one that does not keeps it."""
+def drafting_then(state: DraftDepth, step: TimedStep, steps: int) -> list[int]:
+    """``steps`` verifying steps timed as ``step`` (a draft admitted and accepted in each)."""
+    return [state.plan(K, 1, any_accepted=True, timed=step) for _ in range(steps)]
+
+
+def test_plain_steps_are_timed_while_drafting_and_a_slow_window_pauses_until_a_probe_beats_them():
+    """Drafts admitted and accepted every step, but the steps emit tokens more slowly than steps without drafts
+    (off-domain prompts on a drafter that costs more than it brings): after warm-up two steps decode without drafts
+    to time a plain step, then a window of slower drafting steps pauses drafting; a probe step that beats the
+    plain rate by the margin ends the pause, one that does not keeps it."""
     state = DraftDepth(K, PassCounts())
-    state.costs = costs()
-    poor = (2, 0, 6)  # 2 requests, none of their 6 verified drafts accepted
-    depths = [state.plan(K, 3, sums=poor) for _ in range(7)]  # warm-up
-    depths += [state.plan(K, 3, sums=poor)]
-    assert depths == [K] * 7 + [0], "a window of steps that do not pay: a pause"
-    while not state.probing:
-        state.plan(K, 0, verifying=False)
-    assert state.plan(K, 1, any_accepted=True, sums=(2, 1, 2)) == 2, "0.5 accepted a request pays: 10 > 2 + 1"
+    slow = TimedStep(2, 3, 20.0)  # 0.15 tokens a ms
+    assert drafting_then(state, slow, depth.WARMUP_STEPS) == [K] * 7
+    assert drafting_then(state, slow, 1) == [0] and state.sampling == 1, "a plain step is timed"
+    assert not state.probing and not state.paused_for
+    assert state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0)) == 0  # 0.2 tokens a ms
+    assert state.paused_for == 1, "the warm-up window's 8 drafting steps at 0.15 < 0.2: paused once it is known"
     state = DraftDepth(K, PassCounts())
-    state.costs = costs(plain=4.0)
-    [state.plan(K, 3, sums=poor) for _ in range(8)]
+    drafting_then(state, TimedStep(2, 5, 15.0), depth.WARMUP_STEPS + 1)
+    [state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0)) for _ in range(SAMPLE_STEPS)]
+    assert not state.paused_for, "drafting at 0.33 tokens a ms pays"
+    depths = drafting_then(state, slow, WINDOW)
+    assert depths == [2] * 5 + [0] * 3 and state.paused_for == 3, "6 slow steps tip the window below 0.2"
     while not state.probing:
-        state.plan(K, 0, verifying=False)
-    assert state.plan(K, 1, any_accepted=True, sums=(2, 1, 2)) == 0, "accepted, but 2 < 2 + 1: the pause goes on"
+        state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
+    assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 14.5)) == 0, "0.207 a ms: within the margin"
+    while not state.probing:
+        state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
+    assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 12.0)) == 2, "0.25 a ms: drafting resumes"
+    assert not state.paused_for and not state.window
+    fast = drafting_then(state, TimedStep(2, 5, 15.0), 2 * WINDOW)
+    assert 0 not in fast, "drafting that pays neither pauses nor samples again within RESAMPLE_EVERY steps"
+
+
+def test_a_plain_step_is_timed_again_once_stale_and_never_during_a_prefill():
+    state = DraftDepth(K, PassCounts())
+    fast = TimedStep(2, 6, 12.0)
+    drafting_then(state, fast, depth.WARMUP_STEPS)
+    assert [state.plan(K, 1, any_accepted=True) for _ in range(3)] == [2] * 3, "untimed steps (prefill): no sample"
+    assert drafting_then(state, fast, 1) == [0]
+    [state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0)) for _ in range(2)]
+    depths = drafting_then(state, fast, RESAMPLE_EVERY + SAMPLE_STEPS)
+    first = depths.index(0)
+    assert depths[first:first + SAMPLE_STEPS] == [0] * SAMPLE_STEPS and first >= RESAMPLE_EVERY - 3
 
 
 def test_steps_that_verify_nothing_start_no_pause():
@@ -271,12 +305,14 @@ def test_the_rule_runs_only_on_an_eager_cpu_engine_with_synchronous_scheduling(c
     overrides = CASES[case]()
     runner = fake_runner(**overrides)
     assert depth.applies(runner) is on
-    batch = SimpleNamespace(num_reqs=2, idx_mapping_np=np.array([0, 1]), num_draft_tokens_per_req=np.array([K, K]))
+    batch = SimpleNamespace(num_reqs=2, idx_mapping_np=np.array([0, 1]), num_draft_tokens_per_req=np.array([K, K]),
+                            has_prefill=False)
     no_drafts = torch.tensor([1, 1]), torch.tensor([0, 0])  # the budget admitted no draft: the bonus token only
     counts = (depth.COUNTS.steps, depth.COUNTS.passes)
     depths = [depth.before_propose(runner, batch, *no_drafts, K) for _ in range(9)]
     if on:
         assert depths == [K] * 7 + [0, 0], "eight steps without an admitted draft: a pause"
+        assert getattr(runner, depth.RUNNER_ATTR).paused_for == 2
         assert runner.speculator.draft_tokens[:2].eq(-1).all()
         assert runner.speculator.draft_token_confidence_probs[:2].eq(0).all()
         assert (depth.COUNTS.steps - counts[0], depth.COUNTS.passes - counts[1]) == (9, 7 * K + 2)
