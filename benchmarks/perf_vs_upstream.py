@@ -23,7 +23,7 @@ For each model, engines run one at a time, each in its own process with its own 
   0009's hook off, the rest of the fork on (the rows' ``fork_vs_hookoff`` is the hook's share);
 * ``check_k3``: the fork on V1 with ``KIMI_DRAFT_GREEDY=check`` at the largest concurrency (draft ids of
   patch 0009 against upstream's, counted on the device; the count needs V1, see
-  ``kimi/hooks/eagle3_greedy_draft_vocab.py``).
+  ``kimi/spec/draft_greedy.py``).
 
 Models: ``pair``, the shipped reference pair (``models/pair``; k = 1, 2, 3, 5), and ``kimi_slice``,
 a Kimi-K2-dimension slice with random weights (``kimi.models.kimi_slice``; k = 3) plus a shallower slice

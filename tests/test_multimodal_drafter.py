@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.install, pytest.mark.long_file]
 _CHECK = """
 import json, sys
 from kimi_lab.bench.multimodal import drafter_inputs
-from kimi.hooks import eagle3_drafter_image_embeddings as hook
+from kimi.spec import drafter_images as hook
 warnings, made = [], hook._logger
 class Keep:  # vLLM's logging set-up replaces handlers added to its loggers: keep the hook's warnings here
     def __init__(self, log):
@@ -154,7 +154,7 @@ def _drafter(name: str):
 
 @pytest.fixture
 def logged(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    from kimi.hooks import eagle3_drafter_image_embeddings as hook
+    from kimi.spec import drafter_images as hook
 
     seen: list[tuple[str, str]] = []
     log = types.SimpleNamespace(info=lambda msg, *a: seen.append(("info", msg % a)),

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.install
 
 
 def _config(tp: int = 2) -> SimpleNamespace:
-    """What the hook reads of a ``VllmConfig``."""
+    """What the CPU Ray workers read of a ``VllmConfig``."""
     parallel = SimpleNamespace(data_parallel_rank_local=None, _api_process_count=1, tensor_parallel_size=tp)
     return SimpleNamespace(parallel_config=parallel, kv_transfer_config=None)
 
@@ -34,29 +34,29 @@ def test_upstream_refused_ray_on_cpu_and_the_fork_names_rays_cpu_resource() -> N
 
 @pytest.mark.parametrize(("bind", "cpus"), [("0,1|2-3", 2), ("0|1", 1), ("0-5|6,7", 6), ("nobind", 1)])
 def test_a_bundle_holds_the_cpus_one_worker_binds(bind: str, cpus: int) -> None:
-    from kimi.hooks import cpu_ray_executor as hook
+    from kimi.cpu_platform import ray_workers
 
-    assert hook.cpus_per_worker(bind) == cpus
+    assert ray_workers.cpus_per_worker(bind) == cpus
 
 
 def test_auto_binding_sizes_the_bundle_to_one_numa_node(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.utils import cpu_resource_utils
     from vllm.utils.cpu_resource_utils import LogicalCPUInfo
 
-    from kimi.hooks import cpu_ray_executor as hook
+    from kimi.cpu_platform import ray_workers
 
     two_nodes = [LogicalCPUInfo(id=i, physical_core=i, numa_node=i // 4) for i in range(8)][1:]  # node 0 lost CPU 0
     monkeypatch.setattr(cpu_resource_utils, "get_allowed_cpu_list", lambda: two_nodes)
-    assert hook.cpus_per_worker("auto") == 3
+    assert ray_workers.cpus_per_worker("auto") == 3
 
 
 def test_bundle_and_actor_take_the_same_cpus_and_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kimi.hooks import cpu_ray_executor as hook
+    from kimi.cpu_platform import ray_workers
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-2|3-5")
-    assert hook.bundle() == {"CPU": 3.0}
-    assert hook.actor_resources() == {"num_cpus": 3, "num_gpus": 0}
-    assert hook.accelerator_ids({}) == [] and hook.accelerator_ids({"GPU": ["0"]}) == []
+    assert ray_workers.bundle() == {"CPU": 3.0}
+    assert ray_workers.actor_resources() == {"num_cpus": 3, "num_gpus": 0}
+    assert ray_workers.accelerator_ids({}) == [] and ray_workers.accelerator_ids({"GPU": ["0"]}) == []
 
 
 def test_rayexecutorv2_asks_ray_for_the_bundles_cpus_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,20 +69,20 @@ def test_rayexecutorv2_asks_ray_for_the_bundles_cpus_on_cpu(monkeypatch: pytest.
 
 
 def test_an_explicit_list_without_cpus_is_refused_with_the_fix() -> None:
-    from kimi.hooks import cpu_ray_executor as hook
+    from kimi.cpu_platform import ray_workers
 
     with pytest.raises(ValueError, match=r"VLLM_CPU_OMP_THREADS_BIND='0\|'.*one group of CPU ids per local worker"):
-        hook.cpus_per_worker("0|")
+        ray_workers.cpus_per_worker("0|")
 
 
 def test_each_worker_gets_its_local_ranks_group_for_the_workers_on_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
     """The groups are vLLM's (OMPProcessManager) for the number of workers Ray put on this node, not the world."""
-    from kimi.hooks import cpu_ray_executor as hook
+    from kimi.cpu_platform import ray_workers
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    assert [hook.worker_cpus(_config(4), rank, 2) for rank in (0, 1)] == [[0], [1]]
+    assert [ray_workers.worker_cpus(_config(4), rank, 2) for rank in (0, 1)] == [[0], [1]]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    assert hook.worker_cpus(_config(), 0, 2) == []
+    assert ray_workers.worker_cpus(_config(), 0, 2) == []
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs CPUs 0 and 1")
@@ -90,7 +90,7 @@ def test_a_bound_worker_process_runs_on_its_group_only() -> None:
     code = textwrap.dedent("""
         import os, torch
         from types import SimpleNamespace
-        from kimi.hooks.cpu_ray_executor import bind_worker
+        from kimi.cpu_platform.ray_workers import bind_worker
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
         parallel = SimpleNamespace(data_parallel_rank_local=None, _api_process_count=1)
         cpus = bind_worker(SimpleNamespace(parallel_config=parallel, kv_transfer_config=None), 1, 2)

@@ -70,7 +70,7 @@ def test_greedy_drafts_equal_upstream_ids(tmp_path: Path) -> None:
     _without_lm_head(models / "drafter-llama", models / "drafter-llama-nohead")
     out = run_engine_script(_SCRIPT, str(models), env={"KIMI_DRAFT_GREEDY": "auto"})
     assert out["llama"] == out["mla"] == out["llama-nohead"] == {"hook": True, "same_ids": True}
-    assert out["default_hook"] is True  # on by default: see kimi/hooks/eagle3_greedy_draft_vocab.py
+    assert out["default_hook"] is True  # on by default: see kimi/spec/draft_greedy.py
 
 
 def test_unknown_mode_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

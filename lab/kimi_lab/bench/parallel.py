@@ -258,7 +258,7 @@ def model_rows(name: str, target: str, drafters: dict[str, str], prompt_ids: lis
 def ray_cpus(layouts=RAY_LAYOUTS) -> int:
     """The CPUs a local Ray cluster declares so that each of ``layouts`` gets its placement group: the largest
     layout's bundles as the fork sizes them on this host (one per worker, each as large as the largest group
-    :func:`omp_bind` gives: ``kimi.hooks.cpu_ray_executor.cpus_per_worker``; CPUs shared in turn when the workers
+    :func:`omp_bind` gives: ``kimi.cpu_platform.ray_workers.cpus_per_worker``; CPUs shared in turn when the workers
     outnumber them count once per worker), and at least this process's CPUs."""
     return max(len(os.sched_getaffinity(0)),
                *(tp * pp * max(map(len, cpu_groups(tp * pp))) for tp, pp in layouts))

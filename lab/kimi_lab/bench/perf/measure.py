@@ -26,7 +26,7 @@ def run(job: dict, spec: dict, report: JobReport) -> dict:
 
 def greedy_counts(worker) -> dict[str, int] | None:
     """``collective_rpc`` target: the drafter's ``KIMI_DRAFT_GREEDY=check`` counts
-    (``kimi.hooks.eagle3_greedy_draft_vocab.GreedyCheck``)."""
+    (``kimi.spec.draft_greedy.GreedyCheck``)."""
     check = getattr(getattr(worker.model_runner, "drafter", None), "draft_greedy", None)
     return check.counts() if hasattr(check, "counts") else None
 

@@ -194,7 +194,7 @@ def variant_env(args: argparse.Namespace, job: dict, scratch: Path, cache: str |
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["KIMI_DRAFT_GREEDY"] = "upstream" if upstream else (job.get("greedy") or args.fork_greedy)
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    # the check mode counts on the host (kimi/hooks/eagle3_greedy_draft_vocab.py): V1 for every engine that runs it
+    # the check mode counts on the host (kimi/spec/draft_greedy.py): V1 for every engine that runs it
     check = env["KIMI_DRAFT_GREEDY"] == "check" and job["variant"] != "nospec"
     runner = "v1" if check else job["variant"].removeprefix("fork_")
     if runner in HELD_RUNNERS:
