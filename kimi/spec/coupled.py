@@ -41,7 +41,7 @@ does); a value it does not know fails when the rejection sampler is built
 (:func:`kimi.spec.seeded_mode.check_mode`).
 
 The V2 model runner (the default on CUDA) has its own rejection sampler:
-:mod:`kimi.hooks.seeded_coupled_verification_v2`.
+:mod:`kimi.spec.coupled_v2`.
 """
 
 from __future__ import annotations

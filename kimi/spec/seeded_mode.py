@@ -1,6 +1,6 @@
 """``KIMI_SEEDED_VERIFICATION``: whether seeded requests are verified by coupling (``coupled``, the default) or by
 vLLM's ratio test (``upstream``). Read by both model runners' coupled verification
-(:mod:`kimi.spec.coupled`, :mod:`kimi.hooks.seeded_coupled_verification_v2`)."""
+(:mod:`kimi.spec.coupled`, :mod:`kimi.spec.coupled_v2`)."""
 
 from __future__ import annotations
 
