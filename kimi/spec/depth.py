@@ -17,7 +17,11 @@ runner asks, before the drafter proposes, how deep to draft:
   :data:`PROBE_EVERY` steps, whose drafts are verified whatever the budget says (the budget reads confidences a
   step old, which in a pause are all 0, and an estimator that sees no verified draft never learns otherwise);
   the pause ends when the probe step's token rate beats the plain rate by
-  :data:`~kimi.spec.payoff.RESUME_MARGIN` (before any plain step was timed: when a probe draft is accepted);
+  :data:`~kimi.spec.payoff.RESUME_MARGIN` (before any plain step was timed: when a probe draft is accepted), and
+  drafting resumes at depth 1, the depth the probe measured; a pause that starts within :data:`RELAPSE_STEPS`
+  steps of such a resume doubles the probes' interval (up to :data:`MAX_PROBE_EVERY`: one lucky probe among
+  failing drafts costs a window of slow drafting, so its cost is spread over ever longer pauses), any other
+  pause probes every :data:`PROBE_EVERY` steps;
 - while drafting, where the batch size's plain-step time is unknown or older than
   :data:`~kimi.spec.payoff.RESAMPLE_EVERY` steps, :data:`SAMPLE_STEPS` steps decode without drafts to time it
   (at most once in :data:`SAMPLE_GAP` steps);
@@ -68,6 +72,10 @@ WARMUP_STEPS = 7
 WINDOW = 8
 #: In a pause, one step in this many drafts (depth 1) to probe whether the budget admits drafts again.
 PROBE_EVERY = 8
+#: The longest interval between probes of a pause that keeps relapsing.
+MAX_PROBE_EVERY = 128
+#: A pause that starts within this many steps of the last resume is a relapse.
+RELAPSE_STEPS = 2 * WINDOW
 #: Steps without drafts taken in a row to time a plain step while drafting.
 SAMPLE_STEPS = 2
 #: The fewest steps between two such samplings.
@@ -101,7 +109,7 @@ COUNTS = PassCounts()
 
 
 def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paused_for: int = 0,
-               sampling: bool = False) -> int:
+               sampling: bool = False, probe_every: int = PROBE_EVERY) -> int:
     """Drafter passes for one step (0: the drafter only keeps its KV cache, no draft is proposed).
 
     Args:
@@ -112,10 +120,11 @@ def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paus
             the budget admitted to one request.
         paused_for: steps of the current pause, this one included (0: no pause).
         sampling: the step decodes without drafts to time a plain step.
+        probe_every: the pause's interval between probes.
 
     Returns:
         ``asked`` during the first :data:`WARMUP_STEPS` steps or when ``asked`` is 0; 0 while sampling; in a
-        pause 0, or 1 on every :data:`PROBE_EVERY`-th step of it; else ``min(asked, 1 + max(admitted_recently))``,
+        pause 0, or 1 on every ``probe_every``-th step of it; else ``min(asked, 1 + max(admitted_recently))``,
         at least 1.
     """
     if asked <= 0:
@@ -125,7 +134,7 @@ def depth_rule(k: int, asked: int, step: int, admitted_recently: list[int], paus
     if sampling:
         return 0
     if paused_for > 0:
-        return 1 if paused_for % PROBE_EVERY == 0 else 0
+        return 1 if paused_for % probe_every == 0 else 0
     return max(1, min(asked, k, 1 + max(admitted_recently, default=0)))
 
 
@@ -169,6 +178,8 @@ class DraftDepth:
         self.clock: float | None = None
         self.idle = self.paused_for = self.sampling = 0
         self.last_sampled = -SAMPLE_GAP
+        self.resumed_at = -RELAPSE_STEPS - 1
+        self.probe_every = PROBE_EVERY
         self.probing = False
         self.admitted.clear()
         self.window.clear()
@@ -196,7 +207,9 @@ class DraftDepth:
         if self.paused_for > 0:
             if self._resumes(any_accepted, verifying, timed):
                 self.idle = self.paused_for = 0
+                self.resumed_at = self.step
                 self.window.clear()
+                self.admitted.clear()
             else:
                 self.paused_for += 1
         else:
@@ -206,9 +219,12 @@ class DraftDepth:
                 self.idle += 1
             if self.idle >= WINDOW or not self._pays():
                 self.paused_for = 1
+                relapse = self.step - self.resumed_at <= RELAPSE_STEPS
+                self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY) if relapse else PROBE_EVERY
                 self.window.clear()
         self._plan_sampling(timed)
-        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.paused_for, self.sampling > 0)
+        self.depth = depth_rule(self.k, asked, self.step, list(self.admitted), self.paused_for, self.sampling > 0,
+                                self.probe_every)
         self.probing = self.paused_for > 0 and self.depth > 0
         self.sampling = max(self.sampling - 1, 0)
         self.step += 1

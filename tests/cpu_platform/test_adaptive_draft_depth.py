@@ -40,7 +40,15 @@ if installed_line() == "mainline":
 
     from kimi.spec import depth
     from kimi.spec.adaptive import dense_curve
-    from kimi.spec.depth import SAMPLE_STEPS, WINDOW, DraftDepth, PassCounts, depth_rule
+    from kimi.spec.depth import (
+        PROBE_EVERY,
+        RELAPSE_STEPS,
+        SAMPLE_STEPS,
+        WINDOW,
+        DraftDepth,
+        PassCounts,
+        depth_rule,
+    )
     from kimi.spec.payoff import EMA_WEIGHT, RESAMPLE_EVERY, PlainSteps, TimedStep, bucket
 
 K = 3
@@ -70,7 +78,7 @@ def test_the_depth_falls_after_the_window_and_climbs_one_step_at_a_time():
     # the window of 8 steps still holds a 3 up to step 16; from step 17 on it holds only zeros: a pause
     assert depths[:17] == [K] * 17
     assert depths[17:22] == [0] * 5
-    assert depths[22:] == [2, 3, 3, 3], "each admitted draft at the depth opens one more pass"
+    assert depths[22:] == [1, 3, 3, 3], "resumed at depth 1; then 1 + the most drafts admitted"
     assert counts.steps == len(admitted) and counts.passes == sum(max(d, 1) for d in depths)
     assert counts.paused == 5
     state.reset()
@@ -87,9 +95,9 @@ def test_a_pause_drafts_nothing_but_probes_every_eighth_step_and_ends_on_an_acce
     assert depths[7:] == ([0] * 7 + [1]) * 4 + [0], "paused from the 8th step without an admitted draft"
     assert probing == [d == 1 for d in depths], "the depth-1 steps of the pause are its probes"
     assert state.plan(K, 1) == 0, "a probe's draft verified but rejected: the pause goes on"
-    assert state.plan(K, 1, any_accepted=True) == 2, "a probe's draft accepted: drafting resumes"
+    assert state.plan(K, 1, any_accepted=True) == 1, "a probe's draft accepted: drafting resumes at its depth"
     assert not state.probing
-    assert state.plan(K, 0) == 2, "the window still holds the admitted draft"
+    assert state.plan(K, 1) == 2, "then climbs as drafts are admitted"
     assert depth_rule(K, K, 9, [0] * 8, paused_for=1) == 0
     assert depth_rule(K, K, 9, [0] * 8, paused_for=8) == 1, "a probe"
     assert depth_rule(K, K, 9, [0] * 8) == 1, "no pause"
@@ -146,10 +154,39 @@ def test_plain_steps_are_timed_while_drafting_and_a_slow_window_pauses_until_a_p
     assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 14.5)) == 0, "0.207 a ms: within the margin"
     while not state.probing:
         state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
-    assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 12.0)) == 2, "0.25 a ms: drafting resumes"
+    assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 12.0)) == 1, "0.25 a ms: drafting resumes"
     assert not state.paused_for and not state.window
     fast = drafting_then(state, TimedStep(2, 5, 15.0), 2 * WINDOW)
     assert 0 not in fast, "drafting that pays neither pauses nor samples again within RESAMPLE_EVERY steps"
+
+
+def test_a_pause_that_relapses_soon_after_a_resume_probes_ever_more_rarely():
+    """Off domain a probe is sometimes lucky (an accepted draft at depth 1 beats the plain rate) and the window
+    after it does not pay: each such relapse doubles the interval between probes, up to MAX_PROBE_EVERY; a pause
+    that starts long after its resume probes every PROBE_EVERY steps again."""
+    state = DraftDepth(K, PassCounts())
+    plain, slow = TimedStep(1, 1, 10.0), TimedStep(1, 1, 15.0)
+    drafting_then(state, slow, depth.WARMUP_STEPS + 1)
+    state.plan(K, 0, verifying=False, timed=plain)
+    assert state.paused_for and state.probe_every == PROBE_EVERY
+    intervals = []
+    for _ in range(6):
+        steps = 0
+        while not state.probing:
+            state.plan(K, 0, verifying=False, timed=plain)
+            steps += 1
+        intervals.append(steps + 1)
+        state.plan(K, 1, any_accepted=True, timed=TimedStep(1, 2, 12.0))  # lucky: 0.167 tokens a ms > 0.1
+        assert not state.paused_for
+        drafting_then(state, slow, WINDOW)  # the resumed window: 0.067 tokens a ms
+        assert state.paused_for
+    assert intervals == [8, 16, 32, 64, 128, 128]
+    while not state.probing:
+        state.plan(K, 0, verifying=False, timed=plain)
+    state.plan(K, 1, any_accepted=True, timed=TimedStep(1, 2, 12.0))
+    drafting_then(state, TimedStep(1, 3, 12.0), RELAPSE_STEPS)  # drafting that pays, longer than a relapse
+    drafting_then(state, slow, WINDOW)
+    assert state.paused_for and state.probe_every == PROBE_EVERY
 
 
 def test_a_plain_step_is_timed_again_once_stale_and_never_during_a_prefill():
