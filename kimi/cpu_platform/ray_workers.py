@@ -79,6 +79,16 @@ def accelerator_ids(assigned: dict[str, list[Any]]) -> list[Any]:
     return list(assigned.get(CPU, []))
 
 
+def assigned_nodes(assigned: list[int] | None) -> list[int] | None:
+    """What the CPU platform's ``parallel_config.assigned_physical_gpu_ids`` (the NUMA nodes a CPU worker may use,
+    ``vllm/utils/cpu_resource_utils.py:get_visible_memory_node``) holds once Ray placed the workers: the executor
+    gathers it from the accelerator ids Ray assigned, none for ``CPU`` (:func:`accelerator_ids`), and an empty list
+    leaves the worker no memory node ("Node 0 is not in available memory nodes []", then an ``IndexError`` in
+    ``CPUWorker.__init__``); None instead, every node this process may use (``CPU_VISIBLE_MEMORY_NODES``), as
+    without Ray. A non-empty list is kept."""
+    return list(assigned) if assigned else None
+
+
 def worker_cpus(vllm_config: Any, local_rank: int, local_world_size: int) -> list[int]:
     """The CPU ids worker ``local_rank`` of the ``local_world_size`` workers Ray placed on this node runs on, as
     vLLM's ``OMPProcessManager`` chooses them for a node with that many workers (``VLLM_CPU_OMP_THREADS_BIND``);

@@ -27,6 +27,14 @@ def accelerator_ids(assigned: dict[str, list[Any]]) -> list[Any]:
     return of_worker(assigned)
 
 
+def assigned_nodes(assigned: list[int] | None) -> list[int] | None:
+    """Called where the Ray executor sets a CPU worker's ``assigned_physical_gpu_ids``:
+    :func:`kimi.cpu_platform.ray_workers.assigned_nodes`."""
+    from kimi.cpu_platform.ray_workers import assigned_nodes as nodes
+
+    return nodes(assigned)
+
+
 def bind_worker(vllm_config: Any, local_rank: int, local_world_size: int) -> list[int]:
     """Called by the Ray worker before the CPU worker is built: :func:`kimi.cpu_platform.ray_workers.bind_worker`."""
     from kimi.cpu_platform.ray_workers import bind_worker as bind

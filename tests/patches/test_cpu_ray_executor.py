@@ -32,6 +32,20 @@ def test_upstream_refused_ray_on_cpu_and_the_fork_names_rays_cpu_resource() -> N
     assert CpuPlatform.ray_device_key == "CPU"
 
 
+def test_a_cpu_worker_keeps_its_memory_nodes_where_ray_assigns_no_accelerator() -> None:
+    """Ray lists no accelerator ids for CPU, so the executor gathers ``[]`` per node; handed to the worker as its
+    assigned NUMA nodes, that left vLLM 0.34.0's CPUWorker none ("IndexError: list index out of range"). None keeps
+    the nodes the process may use, as without Ray; nodes actually assigned are kept."""
+    from vllm.utils.cpu_resource_utils import get_visible_memory_node
+
+    from kimi.cpu_platform import ray_workers
+
+    assert get_visible_memory_node([]) == [], "vLLM reads an empty assignment as no node at all"
+    assert ray_workers.assigned_nodes([]) is None and ray_workers.assigned_nodes(None) is None
+    assert get_visible_memory_node(ray_workers.assigned_nodes([])) == get_visible_memory_node(None) != []
+    assert ray_workers.assigned_nodes([1, 0]) == [1, 0]
+
+
 @pytest.mark.parametrize(("bind", "cpus"), [("0,1|2-3", 2), ("0|1", 1), ("0-5|6,7", 6), ("nobind", 1)])
 def test_a_bundle_holds_the_cpus_one_worker_binds(bind: str, cpus: int) -> None:
     from kimi.cpu_platform import ray_workers
