@@ -234,6 +234,33 @@ def test_tp2_through_rays_executor_on_a_local_cluster_is_lossless_or_refused_as_
 
 
 @pytest.mark.install
+@pytest.mark.line("mainline")
+@pytest.mark.parametrize(("tp", "pp"), [(1, 2), (2, 2)], ids=["pp2", "tp2xpp2"])
+def test_pipeline_layouts_through_rays_executor_on_the_torch_only_platform_are_lossless(
+        trained_pair: Path, tp: int, pp: int) -> None:
+    """The shipped pair with EAGLE-3 at PP 2 and TP 2 x PP 2 through vLLM's Ray executor on the torch-only CPU
+    platform (patch 0021 for Ray, 0022 for EAGLE-3 across stages): the greedy tokens of the target alone and the
+    acceptance counts of one rank. (The v0.32 line's Ray layouts are recorded by ``benchmarks/parallel.py``.)"""
+    pytest.importorskip("ray", reason="Ray is not installed: .venv/bin/python -m pip install ray")
+    from kimi.e2e.engine import tokenize
+    from kimi.e2e.presets import CPU_EAGER
+    from kimi.models.prompts import code_prompts
+
+    if "RAY_ADDRESS" in os.environ:
+        pytest.skip("RAY_ADDRESS names a Ray cluster; this test starts its own")
+    target, drafter = str(trained_pair / "target"), str(trained_pair / "drafter")
+    prompt_ids = tokenize(target, code_prompts(4))
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
+    with parallel.local_ray(num_cpus=parallel.ray_cpus(((tp, pp),))):
+        staged, entry = parallel.serve_layout(target, prompt_ids, 24, tp, pp, spec, CPU_EAGER, backend="ray")
+    assert entry["status"] == "done", entry
+    base, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, None, CPU_EAGER)
+    one, _ = parallel.serve_layout(target, prompt_ids, 24, 1, 1, spec, CPU_EAGER)
+    assert staged.tokens == base.tokens
+    assert staged.counters == one.counters and staged.counters["num_drafts"] > 0
+
+
+@pytest.mark.install
 def test_the_boundary_drafter_names_an_id_in_each_stage_and_one_at_their_boundary(trained_pair: Path,
                                                                                    tmp_path: Path) -> None:
     import json
