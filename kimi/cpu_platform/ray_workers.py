@@ -96,15 +96,13 @@ def worker_cpus(vllm_config: Any, local_rank: int, local_world_size: int) -> lis
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     parallel = vllm_config.parallel_config
-    # the mainline's vLLM: its manager also reads the NUMA nodes assigned to the worker (assigned_physical_gpu_ids,
-    # which the Ray executor fills from Ray's accelerator ids: none on CPU, see accelerator_ids): an empty or absent
-    # list is None, every memory node this process may use (CPU_VISIBLE_MEMORY_NODES), as without Ray
-    assigned_nodes = getattr(parallel, "assigned_physical_gpu_ids", None) or None
+    # the mainline's vLLM: its manager also reads the NUMA nodes assigned to the worker (see assigned_nodes)
+    nodes = assigned_nodes(getattr(parallel, "assigned_physical_gpu_ids", None))
     node = SimpleNamespace(  # the config as OMPProcessManager reads it, with this node's worker count
         parallel_config=SimpleNamespace(local_world_size=local_world_size,
                                         data_parallel_rank_local=parallel.data_parallel_rank_local,
                                         _api_process_count=parallel._api_process_count,
-                                        assigned_physical_gpu_ids=assigned_nodes),
+                                        assigned_physical_gpu_ids=nodes),
         kv_transfer_config=vllm_config.kv_transfer_config)
     lists = OMPProcessManager(node).cpu_lists
     return list(lists[local_rank]) if lists else []

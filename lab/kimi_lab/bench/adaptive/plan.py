@@ -96,11 +96,9 @@ def engine_settings(device: str, concurrency: list[int], kv_bytes: int) -> dict:
             "compilation_config": {"cudagraph_capture_sizes": [s for s in sizes if s <= largest]}}
 
 
-def with_cudagraph_mode(settings: dict, mode: str | None) -> dict:
+def with_cudagraph_mode(settings: dict, mode: str) -> dict:
     """``settings`` (``LLM(...)`` keyword arguments) with ``compilation_config.cudagraph_mode`` set to ``mode``
-    (vLLM's ``CUDAGraphMode`` name, e.g. ``PIECEWISE``); unchanged for None."""
-    if mode is None:
-        return settings
+    (vLLM's ``CUDAGraphMode`` name, e.g. ``PIECEWISE``), as a new dict."""
     return {**settings, "compilation_config": {**settings.get("compilation_config", {}), "cudagraph_mode": mode}}
 
 
