@@ -29,14 +29,17 @@ def make_reference_models(dest: Path) -> Path:
 
 
 def wrong_drafter(drafter: Path, dest: Path) -> Path:
-    """A copy of the EAGLE-3 ``drafter`` folder at ``dest`` whose ``lm_head`` rows are rolled by one, so every draft
-    is the next token id, proposed as confidently as before (drafts that always fail). Returns ``dest``."""
+    """A copy of the EAGLE-3 ``drafter`` folder at ``dest`` whose ``lm_head`` rows are rolled by half the draft
+    vocabulary, so every draft is a token far from the drafter's guess, proposed as confidently as before (drafts
+    that fail: with the shipped pair verifying every draft of two code prompts x 48 tokens, none of 282 is
+    accepted; a roll by one, the guess's next id, let one of 279 through). Returns ``dest``."""
     import torch
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(drafter, dest)
     weights = load_file(dest / "model.safetensors")
-    weights["lm_head.weight"] = torch.roll(weights["lm_head.weight"], 1, dims=0).contiguous()
+    rows = weights["lm_head.weight"]
+    weights["lm_head.weight"] = torch.roll(rows, rows.shape[0] // 2, dims=0).contiguous()
     save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
     return dest
 

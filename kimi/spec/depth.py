@@ -16,8 +16,9 @@ runner asks, before the drafter proposes, how deep to draft:
   decodes as without speculation (no verification, no budget) - except for a probe of depth 1 every
   :data:`PROBE_EVERY` steps, whose drafts are verified whatever the budget says (the budget reads confidences a
   step old, which in a pause are all 0, and an estimator that sees no verified draft never learns otherwise);
-  the pause ends when the probe step's token rate beats the plain rate by
-  :data:`~kimi.spec.payoff.RESUME_MARGIN` (before any plain step was timed: when a probe draft is accepted), and
+  the pause ends when a probe draft is accepted and the probe step's token rate beats the plain rate by
+  :data:`~kimi.spec.payoff.RESUME_MARGIN` (no rate is compared before any plain step was timed; a probe whose
+  drafts all failed never ends a pause, however fast its step looked on a noisy machine), and
   drafting resumes at depth 1, the depth the probe measured; a pause that starts within :data:`RELAPSE_STEPS`
   steps of such a resume doubles the probes' interval (up to :data:`MAX_PROBE_EVERY`: one lucky probe among
   failing drafts costs a window of slow drafting, so its cost is spread over ever longer pauses), any other
@@ -194,8 +195,8 @@ class DraftDepth:
             most_admitted: the most drafts the budget admitted to one request this step (0 if none verified).
             verifying: whether drafts were scheduled for verification this step (False in a prefill-only step
                 and in the steps after a depth of 0, which count toward no pause).
-            any_accepted: whether the target accepted a draft this step (in a pause: a probe's, which ends it
-                while no plain step has been timed).
+            any_accepted: whether the target accepted a draft this step (in a pause: a probe's, without which
+                the pause goes on; with it the pause ends while no plain step has been timed).
             timed: the step as it ran, where its batch held no prefill: a plain step's time when it verified
                 nothing after a depth of 0, a drafting step's otherwise.
         """
@@ -250,10 +251,10 @@ class DraftDepth:
 
     def _resumes(self, any_accepted: bool, verifying: bool, timed: TimedStep | None) -> bool:
         """In a pause, whether the step's verdict (a probe's, when verifying) ends it."""
-        if not verifying:
-            return False
+        if not verifying or not any_accepted:
+            return False  # a probe that had no draft accepted emitted what a plain step does, at a higher cost
         beaten = None if timed is None else self.plain.beaten_by([timed], RESUME_MARGIN)
-        return any_accepted if beaten is None else beaten
+        return beaten is not False
 
 
 def prepare_drafts(draft_tokens: torch.Tensor, confidences: torch.Tensor, num_reqs: int, depth: int) -> None:

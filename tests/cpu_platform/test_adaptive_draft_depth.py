@@ -135,7 +135,8 @@ def test_plain_steps_are_timed_while_drafting_and_a_slow_window_pauses_until_a_p
     """Drafts admitted and accepted every step, but the steps emit tokens more slowly than steps without drafts
     (off-domain prompts on a drafter that costs more than it brings): after warm-up two steps decode without drafts
     to time a plain step, then a window of slower drafting steps pauses drafting; a probe step that beats the
-    plain rate by the margin ends the pause, one that does not keeps it."""
+    plain rate by the margin ends the pause, one that does not keeps it, and so does one that looks fast but had
+    no draft accepted."""
     state = DraftDepth(K, PassCounts())
     slow = TimedStep(2, 3, 20.0)  # 0.15 tokens a ms
     assert drafting_then(state, slow, depth.WARMUP_STEPS) == [K] * 7
@@ -152,6 +153,10 @@ def test_plain_steps_are_timed_while_drafting_and_a_slow_window_pauses_until_a_p
     while not state.probing:
         state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
     assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 14.5)) == 0, "0.207 a ms: within the margin"
+    while not state.probing:
+        state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
+    assert state.plan(K, 0, any_accepted=False, timed=TimedStep(2, 2, 5.0)) == 0, \
+        "0.4 a ms but no draft accepted (a noisy clock): the pause goes on"
     while not state.probing:
         state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
     assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 12.0)) == 1, "0.25 a ms: drafting resumes"
@@ -421,10 +426,10 @@ def engine_script(bad: Path, tokens: int) -> str:
 
 
 def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_greedy_output(tmp_path: Path):
-    """The shipped pair with its drafter's lm_head rows rolled by one (every draft wrong), drafts priced to zero
-    acceptance (verification so dear that the budget admits none), one request x 32 tokens: before the rule the
-    drafter ran all 3 passes in every step (the script's ``--without``: 3 x steps, less a last step that asks
-    for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after - from the 8th step
+    """The shipped pair with its drafter's lm_head rows rolled by half its vocabulary (every draft wrong), drafts
+    priced to zero acceptance (verification so dear that the budget admits none), one request x 32 tokens: before
+    the rule the drafter ran all 3 passes in every step (the script's ``--without``: 3 x steps, less a last step
+    that asks for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after - from the 8th step
     without an admitted draft a pause, in which the one pass only keeps the drafter's KV cache and the scheduler
     gets drafts only from a probe every 8th step - and greedy output equals no speculation's."""
     found = run_engine_script(engine_script(wrong_drafter(PAIR / "drafter", tmp_path / "drafter"), 32))

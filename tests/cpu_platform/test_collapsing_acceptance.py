@@ -314,8 +314,8 @@ ENGINE = """
 
 
 def test_an_engine_whose_drafts_fail_pauses_and_probes_and_keeps_greedy_output(tmp_path: Path):
-    """The shipped pair with its drafter's lm_head rows rolled by one (drafts wrong, as confidently as before),
-    verification priced flat so that the budget alone would verify every draft, 2 requests x 48 tokens: with
+    """The shipped pair with its drafter's lm_head rows rolled by half its vocabulary (drafts wrong, as confidently
+    as before), verification priced flat so that the budget alone would verify every draft, 2 requests x 48 tokens: with
     the back-off (patience 2, pauses 4 to 8) the requests pause and are probed, most scheduled drafts are never
     verified (and the draft depth's pause, patch 0027, soon schedules none), and greedy output equals no
     speculation's."""
