@@ -3,7 +3,7 @@
 ``setup``: ``kimi sync``; a virtual environment (``.venv``); the pinned torch
 and vLLM's build requirements; ``pip install --no-build-isolation -e .`` with
 kernels borrowed from the pinned wheel, or none (``torch`` kernels: see
-``kimi/hooks/precompiled_fork_build.py``), and the
+``kimi/fork/precompiled.py``), and the
 fork's tools (:data:`TOOLS`: matplotlib, for the PNG charts); a smoke run of
 ``vllm``.  pip's downloads are cached under ``.kimi/cache/pip`` and its output
 goes to ``.kimi/logs/`` (the tail is shown on failure).  An install is skipped

@@ -68,6 +68,8 @@ def test_runtime_part_is_hooks_and_what_they_import() -> None:
     assert "kimi.cpu_mla.backend" in modules  # named by a string: vLLM loads the backend by its path
     assert not [m for m in modules if m.split(".")[1:2] in (["cli"], ["train"], ["bench"], ["models"])]
     assert "kimi.fork.rebase" not in modules and "kimi.hooks.precompiled_fork_build" not in modules
+    assert "kimi.fork.precompiled" not in modules  # the build hook's logic is build time too
+    assert "kimi.cpu_mla.selection" in modules
     assert all((ROOT / f).is_file() for f in runtime_files(ROOT))
 
 

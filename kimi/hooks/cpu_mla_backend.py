@@ -1,64 +1,30 @@
-"""MLA on vLLM's CPU platform through the fork's ``CPU_MLA`` backend (patch ``0006-cpu-mla-backend``).
-
-The backend itself is ``kimi.cpu_mla`` (torch arithmetic in ``ops``, vLLM classes in ``backend``): every
-scheduled token - prefill, chunked prefill, prefix-cache hits, decode, the ``1 + k`` tokens of EAGLE
-verification - takes one paged latent-attention path.
-
-``CpuPlatform`` calls :func:`attention_backend` for MLA layers and asks :func:`serves` before it applies the
-rules of the v0.32 line's own reference CPU MLA backend (``vllm/v1/attention/backends/mla/cpu_mla.py``: decode
-through ``mla_decode_kvcache``, SDPA prefill; block size 16, chunked prefill and prefix caching off). Upstream's
-AMX MLA backend stays reachable with ``--attention-backend AMX_MLA``. The v0.26 line (upstream raises "MLA is
-not supported on CPU") also calls :func:`configure`.
-"""
+"""Hook of patch ``cpu-mla-backend``: MLA on vLLM's CPU platform through the fork's ``CPU_MLA`` backend; the logic
+is :mod:`kimi.cpu_mla.selection` (which backend an MLA layer gets) and :mod:`kimi.cpu_mla.backend` (the backend)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-BACKEND = "kimi.cpu_mla.backend.CpuMLABackend"
-NO_PREFILL = "kimi.cpu_mla.backend.CpuMLANoPrefill"
-
-#: Attention backends of upstream's that the user may pick by name instead of the fork's (the v0.32 line's vLLM).
-UPSTREAM_CHOICES = ("AMX_MLA",)
-
-
-def _upstream_chosen(selected_backend: Any) -> bool:
-    return getattr(selected_backend, "name", None) in UPSTREAM_CHOICES
-
 
 def attention_backend(selected_backend: Any = None) -> str | None:
-    """The fork's backend path for an MLA layer, or None where the user chose one of :data:`UPSTREAM_CHOICES`
-    (``--attention-backend``; ``selected_backend`` is vLLM's ``AttentionBackendEnum`` member or None).
+    """Called by ``CpuPlatform.get_attn_backend_cls`` for an MLA layer:
+    :func:`kimi.cpu_mla.selection.attention_backend`."""
+    from kimi.cpu_mla.selection import attention_backend as backend
 
-    Registers the fork's placeholder as vLLM's CUSTOM MLA prefill backend: the MLA layer builds a prefill
-    backend that the fork's builder never uses (every token is a decode token for it), and before the v0.32 line's
-    release no other one imports on CPU (:func:`configure` selects it there).
-    """
-    if _upstream_chosen(selected_backend):
-        return None
-    from vllm.v1.attention.backends.mla.prefill.registry import (
-        MLAPrefillBackendEnum,
-        register_mla_prefill_backend,
-    )
-
-    register_mla_prefill_backend(MLAPrefillBackendEnum.CUSTOM, NO_PREFILL)
-    return BACKEND
+    return backend(selected_backend)
 
 
 def serves(vllm_config: Any) -> bool:
-    """True when the fork's backend serves ``vllm_config``'s model (MLA, and the user did not choose one of
-    :data:`UPSTREAM_CHOICES`): the v0.32 line's rules for its own reference CPU MLA - block size 16, chunked prefill
-    and prefix caching off - do not apply; the block size stays the platform's default (the fork's backend takes
-    any, a Llama-style drafter beside it needs a multiple of 32)."""
-    return bool(getattr(vllm_config.model_config, "use_mla", False)) and not _upstream_chosen(
-        vllm_config.attention_config.backend)
+    """Called by ``CpuPlatform.check_and_update_config`` before its CPU MLA rules (v0.32 line and later):
+    :func:`kimi.cpu_mla.selection.serves`."""
+    from kimi.cpu_mla.selection import serves as fork_serves
+
+    return fork_serves(vllm_config)
 
 
 def configure(vllm_config: Any) -> None:
-    """v0.26 line: for an MLA model on CPU, the MLA prefill slot is vLLM's CUSTOM one (filled by
-    :func:`attention_backend`) unless the user chose a prefill backend."""
-    from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
+    """Called by ``CpuPlatform.check_and_update_config`` for an MLA model (v0.26 line):
+    :func:`kimi.cpu_mla.selection.configure`."""
+    from kimi.cpu_mla.selection import configure as select_prefill
 
-    attention_config = vllm_config.attention_config
-    if attention_config.mla_prefill_backend is None:
-        attention_config.mla_prefill_backend = MLAPrefillBackendEnum.CUSTOM
+    select_prefill(vllm_config)

@@ -18,20 +18,10 @@ def check_options(spec_config: Any) -> None:
 def step_done(model_runner: Any, input_batch: Any, num_sampled: Any, num_rejected: Any,
               model_runner_output: Any) -> None:
     """Called by the V2 model runner's ``sample_tokens`` after the drafter proposed, before adaptive
-    verification records the confidences: see :meth:`kimi.spec.watch.VerificationWatch.step_done`."""
-    from kimi.spec.watch import RUNNER_ATTR, VerificationWatch
+    verification records the confidences: see :func:`kimi.spec.watch.step_done`."""
+    from kimi.spec.watch import step_done as watch_step
 
-    watch = getattr(model_runner, RUNNER_ATTR, None)
-    if watch is None:
-        from vllm.logger import init_logger
-
-        watch = VerificationWatch(model_runner.max_num_reqs, model_runner.num_speculative_steps,
-                                  model_runner.device, model_runner.speculative_config,
-                                  init_logger("vllm.kimi.spec.collapse"))
-        setattr(model_runner, RUNNER_ATTR, watch)
-    watch.step_done(input_batch, num_sampled, num_rejected,
-                    model_runner.adaptive_verification._confidence_probs,
-                    model_runner.speculator.draft_token_confidence_probs, model_runner_output)
+    watch_step(model_runner, input_batch, num_sampled, num_rejected, model_runner_output)
 
 
 def carry_step_stats(scheduler: Any, spec_decoding_stats: Any, model_runner_output: Any) -> Any:

@@ -8,6 +8,9 @@ so that the budget gives them no drafts, (3) starts copying the step's sums to t
 previous step's (one step late, so the GPU is never waited for), which feed the collapse warning
 (:class:`~kimi.spec.collapse.CollapseMonitor`) and ride to ``/metrics`` on the runner's output
 (:mod:`kimi.spec.metrics`).  All of it runs only with adaptive verification on.
+
+The V2 model runner calls :func:`step_done` (through the hook :mod:`kimi.hooks.eagle3_collapsing_acceptance`),
+which builds the runner's :class:`VerificationWatch` on first use (:func:`watch_of`).
 """
 
 from __future__ import annotations
@@ -173,3 +176,29 @@ class VerificationWatch:
             if self.pending is not None:
                 setattr(output, OUTPUT_ATTR, self.pending.as_dict())
                 self.pending = None
+
+
+def watch_of(model_runner: Any) -> VerificationWatch:
+    """``model_runner``'s :class:`VerificationWatch` (its attribute :data:`RUNNER_ATTR`), built on first use from
+    the runner's ``max_num_reqs``, ``num_speculative_steps``, ``device`` and ``speculative_config``; the collapse
+    warning goes to vLLM's logger ``vllm.kimi.spec.collapse``."""
+    watch = getattr(model_runner, RUNNER_ATTR, None)
+    if watch is None:
+        from vllm.logger import init_logger
+
+        watch = VerificationWatch(model_runner.max_num_reqs, model_runner.num_speculative_steps,
+                                  model_runner.device, model_runner.speculative_config,
+                                  init_logger("vllm.kimi.spec.collapse"))
+        setattr(model_runner, RUNNER_ATTR, watch)
+    return watch
+
+
+def step_done(model_runner: Any, input_batch: Any, num_sampled: torch.Tensor, num_rejected: torch.Tensor,
+              model_runner_output: Any) -> None:
+    """One sampling step of the V2 model runner ``model_runner`` (after the drafter proposed, before adaptive
+    verification records the confidences): :meth:`VerificationWatch.step_done` of :func:`watch_of` the runner, with
+    the confidences the budget ranked this step's drafts by (adaptive verification's ``_confidence_probs``) and
+    those of the drafts just proposed (the speculator's ``draft_token_confidence_probs``)."""
+    watch_of(model_runner).step_done(input_batch, num_sampled, num_rejected,
+                                     model_runner.adaptive_verification._confidence_probs,
+                                     model_runner.speculator.draft_token_confidence_probs, model_runner_output)
