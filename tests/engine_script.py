@@ -2,7 +2,8 @@
 
 The engine tests of the patches run vLLM in a child process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine
 in that process, so a traceback names the line) with this checkout and its lab (``lab/``, the package ``kimi_lab``)
-on ``PYTHONPATH``; the script prints one line ``RESULT <json>``.
+and this folder on ``PYTHONPATH`` (a script may import this module's helpers); the script prints one line
+``RESULT <json>``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,27 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: ``PYTHONPATH`` of a child process that imports ``kimi`` and ``kimi_lab`` (pytest.ini's ``pythonpath`` reaches
-#: only the pytest process itself).
-CHILD_PATH = os.pathsep.join([str(ROOT), str(ROOT / "lab")])
+#: ``PYTHONPATH`` of a child process that imports ``kimi``, ``kimi_lab`` and this module (pytest.ini's
+#: ``pythonpath`` reaches only the pytest process itself).
+CHILD_PATH = os.pathsep.join([str(ROOT), str(ROOT / "lab"), str(ROOT / "tests")])
+
+
+def price_verification(most_ms: float) -> None:
+    """In an engine script, before the engine starts: adaptive verification's cost curves are set, after its
+    start-up profile, to drafting free and a target forward of 10 ms for one token rising to ``most_ms`` at the
+    engine's token limit (10: verification priced flat, so the budget admits every draft it believes in; far
+    above: no draft pays). The profiled curves vary with the machine's load; these do not."""
+    import kimi.spec.adaptive
+
+    profile = kimi.spec.adaptive.profile_eager_costs
+
+    def priced(runner):
+        profile(runner)
+        if runner.adaptive_verification is not None:
+            runner.adaptive_verification.set_cost_curves([(1, 0.0), (runner.max_num_reqs, 0.0)],
+                                                         [(1, 10.0), (runner.max_num_tokens, most_ms)])
+
+    kimi.spec.adaptive.profile_eager_costs = priced
 
 
 def make_reference_models(dest: Path) -> Path:

@@ -16,6 +16,15 @@ def draft_depth(model_runner: Any, input_batch: Any, num_sampled: Any, num_rejec
     return before_propose(model_runner, input_batch, num_sampled, num_rejected, num_spec_tokens)
 
 
+def kept_for_later(model_runner: Any, input_batch: Any, depth: int, aux_hidden_states: Any,
+                   slot_mappings_by_layer: dict[str, Any]) -> Any:
+    """Called by ``sample_tokens`` in the drafter's scope before it proposes; the step's draft tokens where its
+    drafter pass is deferred, else None (the drafter proposes): see :func:`kimi.spec.depth.keep_for_later`."""
+    from kimi.spec.depth import keep_for_later
+
+    return keep_for_later(model_runner, input_batch, depth, aux_hidden_states, slot_mappings_by_layer)
+
+
 def drafter_scope(model_runner: Any, depth: int) -> AbstractContextManager:
     """Entered by ``sample_tokens`` around the drafter's ``propose`` of ``depth`` passes: see
     :func:`kimi.spec.depth.drafter_scope`."""

@@ -12,8 +12,10 @@ runner asks, before the drafter proposes, how deep to draft:
   verified no draft, a prefill's, do not count), or the last :data:`WINDOW` drafting steps emitted tokens more
   slowly than steps without drafts do at the same batch sizes (the engine's own step times,
   :mod:`kimi.spec.payoff`), drafting pauses: the depth is 0 - the drafter runs its one prefill pass without
-  sampling, which keeps its KV cache current, and the runner hands the scheduler no drafts, so the next step
-  decodes as without speculation (no verification, no budget) - except for a probe of depth 1 every
+  sampling, which keeps its KV cache current (for a drafter of one attention layer, deferred to the next
+  drafter pass and done there in one batch: :mod:`kimi.spec.deferred_kv`), and the runner hands the scheduler
+  no drafts, so the next step decodes as without speculation (no verification, no budget) - except for a
+  probe of depth 1 every
   :data:`PROBE_EVERY` steps, whose drafts are verified whatever the budget says (the budget reads confidences a
   step old, which in a pause are all 0, and an estimator that sees no verified draft never learns otherwise);
   the pause ends when a probe draft is accepted and the probe step's token rate beats the plain rate by
@@ -63,6 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kimi.spec import deferred_kv
 from kimi.spec.acceptance import verdict
 from kimi.spec.payoff import RESUME_MARGIN, PlainSteps, TimedStep
 
@@ -92,17 +95,21 @@ class PassCounts:
     Attributes:
         steps: sampling steps in which the drafter ran.
         passes: drafter forward passes in those steps (the depth, or 1 where the depth is 0: the pass that
-            keeps the drafter's KV cache current).
+            keeps the drafter's KV cache current, unless deferred), plus the passes that wrote deferred ones.
         paused: steps of depth 0 while drafts were asked for (a pause, or a plain step timed on purpose: no
             draft handed to the scheduler).
+        deferred: steps of depth 0 whose pass was deferred (:mod:`kimi.spec.deferred_kv`).
+        catch_ups: passes that wrote the deferred steps' keys and values.
     """
 
     steps: int = 0
     passes: int = 0
     paused: int = 0
+    deferred: int = 0
+    catch_ups: int = 0
 
     def reset(self) -> None:
-        self.steps = self.passes = self.paused = 0
+        self.steps = self.passes = self.paused = self.deferred = self.catch_ups = 0
 
 
 #: What the runners of this process counted (read by tests and benchmarks).
@@ -182,6 +189,7 @@ class DraftDepth:
         self.resumed_at = -RELAPSE_STEPS - 1
         self.probe_every = PROBE_EVERY
         self.probing = False
+        self.deferred = deferred_kv.DeferredKV()
         self.admitted.clear()
         self.window.clear()
 
@@ -389,6 +397,16 @@ def rank_zeros(ms: float) -> float:
     shared = torch.tensor([ms], dtype=torch.float64)
     group.broadcast(shared, src=0)
     return float(shared[0])
+
+
+def keep_for_later(runner: Any, input_batch: Any, depth: int, aux_hidden_states: list[torch.Tensor] | None,
+                   slot_mappings: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Where the rule applies, :func:`kimi.spec.deferred_kv.keep_for_later` (the step's undrafted draft tokens
+    where its drafter pass is deferred); else None: the drafter runs as before."""
+    state = getattr(runner, RUNNER_ATTR, None)
+    if state is None:
+        return None
+    return deferred_kv.keep_for_later(runner, state, input_batch, depth, aux_hidden_states, slot_mappings)
 
 
 def drafter_scope(runner: Any, depth: int) -> AbstractContextManager:

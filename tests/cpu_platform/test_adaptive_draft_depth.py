@@ -387,7 +387,7 @@ def test_a_paused_drafter_attends_to_nothing_only_under_the_rule():
 
 ENGINE = """
     import json, sys
-    import kimi.spec.adaptive
+    from engine_script import price_verification
     import kimi.spec.depth
     from kimi.e2e.engine import tokenize, vllm_greedy
     from kimi.e2e.presets import CPU_EAGER
@@ -399,14 +399,7 @@ ENGINE = """
     # drafts priced to zero acceptance: verifying any draft costs 10 s against 10 ms for the step without, so
     # the budget admits none (the profiled curves vary with the machine's load); --flat: verification priced
     # flat, so the budget admits every draft it believes in and only the back-off withholds them
-    profile = kimi.spec.adaptive.profile_eager_costs
-    def priced(runner):
-        profile(runner)
-        if runner.adaptive_verification is not None:
-            most = 10.0 if "--flat" in sys.argv else 1e4
-            runner.adaptive_verification.set_cost_curves([(1, 0.0), (runner.max_num_reqs, 0.0)],
-                                                         [(1, 10.0), (runner.max_num_tokens, most)])
-    kimi.spec.adaptive.profile_eager_costs = priced
+    price_verification(10.0 if "--flat" in sys.argv else 1e4)
 
     ids = tokenize("{target}", code_prompts(1))
     engine = {{**CPU_EAGER, "max_num_seqs": 1}}
@@ -429,9 +422,10 @@ def test_an_engine_whose_drafts_fail_runs_far_fewer_drafter_passes_and_keeps_gre
     """The shipped pair with its drafter's lm_head rows rolled by half its vocabulary (every draft wrong), drafts
     priced to zero acceptance (verification so dear that the budget admits none), one request x 32 tokens: before
     the rule the drafter ran all 3 passes in every step (the script's ``--without``: 3 x steps, less a last step
-    that asks for no draft); with it, 3 in each of the 7 warm-up steps and 1 in every step after - from the 8th step
-    without an admitted draft a pause, in which the one pass only keeps the drafter's KV cache and the scheduler
-    gets drafts only from a probe every 8th step - and greedy output equals no speculation's."""
+    that asks for no draft); with it, 3 in each of the 7 warm-up steps and at most 1 in every step after - from the
+    8th step without an admitted draft a pause, in which the one pass (deferred, written at the probes) only keeps
+    the drafter's KV cache and the scheduler gets drafts only from a probe every 8th step - and greedy output
+    equals no speculation's."""
     found = run_engine_script(engine_script(wrong_drafter(PAIR / "drafter", tmp_path / "drafter"), 32))
     assert found["same"], "the draft depth changed greedy output"
     steps, passes = found["steps"], found["passes"]

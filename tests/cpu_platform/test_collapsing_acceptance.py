@@ -275,7 +275,7 @@ def test_a_collapse_logs_one_warning_naming_the_drafter_and_both_levels():
 ENGINE = """
     import json
     import vllm
-    import kimi.spec.adaptive
+    from engine_script import price_verification
     from kimi.e2e.engine import tokenize, vllm_greedy
     from kimi.e2e.presets import CPU_EAGER
     from kimi.models.prompts import code_prompts
@@ -283,13 +283,7 @@ ENGINE = """
 
     # verification priced flat (10 ms whatever it verifies, drafting free): the budget then admits every draft,
     # so whatever is not verified was withheld by the back-off (the profiled curves vary with the machine's load)
-    profile = kimi.spec.adaptive.profile_eager_costs
-    def flat_costs(runner):
-        profile(runner)
-        if runner.adaptive_verification is not None:
-            runner.adaptive_verification.set_cost_curves([(1, 0.0), (runner.max_num_reqs, 0.0)],
-                                                         [(1, 10.0), (runner.max_num_tokens, 10.0)])
-    kimi.spec.adaptive.profile_eager_costs = flat_costs
+    price_verification(10.0)
 
     found = {{}}
     get_metrics = vllm.LLM.get_metrics

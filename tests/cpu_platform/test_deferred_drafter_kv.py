@@ -1,0 +1,113 @@
+"""Deferred drafter passes in a pause of the draft depth (mainline, patch 0027, ``kimi/spec/deferred_kv.py``): the
+drafter's keys and values of the paused steps are written in one batch at its next pass, and they equal what the
+pass of every paused step wrote.
+
+Part of the mainline's suite (``python3 -m kimi test``); the ``line("mainline")`` marker skips it elsewhere.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine_script import make_reference_models, run_engine_script
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = ROOT / "models" / "pair"
+
+pytestmark = [pytest.mark.line("mainline"), pytest.mark.long_file]
+
+#: One engine per variant, in one process: the draft depth forced to 0 for steps 10 to 39 (a pause) and to k
+#: elsewhere, verification priced flat (the budget admits every draft of positive survival, whatever the
+#: machine's load), the drafter's KV cache zeroed before the prompts run and copied after.
+ENGINE = """
+    import json, sys
+    import torch
+    from engine_script import price_verification
+    import kimi.spec.deferred_kv
+    import kimi.spec.depth
+    from kimi.e2e.engine import SPEC_METRICS, spec_metrics, tokenize, vllm_greedy
+    from kimi.e2e.presets import CPU_EAGER
+    from kimi.models.prompts import code_prompts
+    from vllm import LLM, SamplingParams
+
+    def forced(k, asked, step, admitted_recently, paused_for=0, sampling=False, probe_every=8):
+        return 0 if asked <= 0 or 10 <= step < 40 else asked
+    kimi.spec.depth.depth_rule = forced
+
+    price_verification(10.0)
+
+    def drafter_kv(worker, zero=False):
+        runner = worker.model_runner
+        (name,) = runner.speculator.draft_attn_layer_names
+        kv = runner.compilation_config.static_forward_context[name].kv_cache
+        kv = kv[0] if isinstance(kv, list) else kv
+        if zero:
+            kv.zero_()
+        return kv.clone()
+
+    def vllm_counters(llm):
+        found = spec_metrics(llm.get_metrics())
+        return {{key: found[key] for key in SPEC_METRICS.values()}}
+
+    target = "{target}"
+    ids = tokenize(target, code_prompts(2))
+    engine = {{**CPU_EAGER, "max_num_seqs": 2}}
+    plain = vllm_greedy(target, ids, {tokens}, None, **engine).tokens
+    spec = {{"method": "eagle3", "model": "{drafter}", "num_speculative_tokens": 3,
+             "enable_adaptive_verification": True}}
+    keeps, writes = kimi.spec.deferred_kv.defers, kimi.spec.deferred_kv.DeferredKV.write
+    found, kv = {{}}, {{}}
+    for variant in ("deferred", "every step", "never written"):
+        kimi.spec.deferred_kv.defers = (lambda *a: False) if variant == "every step" else keeps
+        kimi.spec.deferred_kv.DeferredKV.write = (lambda self, *a: self.clear()) if variant == "never written" \\
+            else writes
+        llm = LLM(model=target, speculative_config=spec, disable_log_stats=False, **engine)
+        llm.collective_rpc(lambda worker: drafter_kv(worker, zero=True))
+        kimi.spec.depth.COUNTS.reset()
+        outputs = llm.generate([{{"prompt_token_ids": p}} for p in ids],
+                               SamplingParams(temperature=0, max_tokens={tokens}, ignore_eos=True), use_tqdm=False)
+        kv[variant] = llm.collective_rpc(drafter_kv)[0]
+        counts = kimi.spec.depth.COUNTS
+        found[variant] = {{"same": [list(o.outputs[0].token_ids) for o in outputs] == plain,
+                           "deferred": counts.deferred, "catch_ups": counts.catch_ups, "passes": counts.passes,
+                           "steps": counts.steps, "counters": vllm_counters(llm)}}
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    for variant in ("deferred", "never written"):
+        found[variant]["max_diff"] = float((kv[variant] - kv["every step"]).abs().max())
+    found["scale"] = float(kv["every step"].abs().max())
+    print("RESULT", json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_reference_models(tmp_path_factory.mktemp("deferred") / "reference")
+
+
+@pytest.mark.parametrize("style", ["llama", "mla"])
+def test_deferred_passes_write_the_keys_and_values_every_paused_pass_wrote(style: str, request):
+    """2 code prompts x 64 tokens, the drafter paused for steps 10 to 39 - the shipped pair (``llama``: a Llama-style
+    EAGLE-3 drafter) and the reference MLA target with the ``kimi_k2`` MLA drafter (``mla``; random weights): with
+    the passes of the paused steps deferred, the drafter's whole KV cache after the run equals (to float32 rounding
+    of a batched matmul) the one its pass in every paused step wrote, and the drafts after the pause are the same;
+    where the deferred rows are never written it does not (the check can fail); fewer drafter passes run; greedy
+    output equals no speculation's in every variant."""
+    if style == "llama":
+        target, drafter = PAIR / "target", PAIR / "drafter"
+    else:
+        models = request.getfixturevalue("reference")
+        target, drafter = models / "target", models / "drafter-mla"
+    found = run_engine_script(textwrap.dedent(ENGINE.format(target=target, drafter=drafter, tokens=64)))
+    deferred, every, holes = found["deferred"], found["every step"], found["never written"]
+    assert deferred["same"] and every["same"] and holes["same"], found
+    assert every["deferred"] == 0 and every["catch_ups"] == 0, found
+    # 30 paused steps; the first follows a verifying step and runs its pass, the others wait for the probe's
+    assert deferred["deferred"] >= 25 and deferred["catch_ups"] >= 1, found
+    assert deferred["passes"] <= every["passes"] - deferred["deferred"] + deferred["catch_ups"], found
+    assert deferred["max_diff"] <= 1e-4 * found["scale"], found
+    assert deferred["counters"] == every["counters"], "the same drafts after the pause"
+    assert holes["max_diff"] > 1e-2 * found["scale"], found
