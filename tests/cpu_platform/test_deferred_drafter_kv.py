@@ -111,3 +111,51 @@ def test_deferred_passes_write_the_keys_and_values_every_paused_pass_wrote(style
     assert deferred["max_diff"] <= 1e-4 * found["scale"], found
     assert deferred["counters"] == every["counters"], "the same drafts after the pause"
     assert holes["max_diff"] > 1e-2 * found["scale"], found
+
+
+TENSOR_PARALLEL = """
+    import json, tempfile
+    from pathlib import Path
+    from engine_script import wrong_drafter
+    from kimi.e2e.engine import SPEC_METRICS, spec_metrics, tokenize, vllm_greedy
+    from kimi.e2e.presets import CPU_EAGER
+    from kimi.models.prompts import code_prompts
+    from kimi_lab.bench.parallel import bound_threads
+    from vllm import LLM, SamplingParams
+
+    def counts(worker):
+        import dataclasses
+        import kimi.spec.depth
+        return dataclasses.asdict(kimi.spec.depth.COUNTS)
+
+    target = "{target}"
+    bad = wrong_drafter(Path("{drafter}"), Path(tempfile.mkdtemp()) / "drafter")
+    ids = tokenize(target, code_prompts(2))
+    plain = vllm_greedy(target, ids, 48, None, **CPU_EAGER).tokens
+    spec = {{"method": "eagle3", "model": str(bad), "num_speculative_tokens": 3,
+             "enable_adaptive_verification": True}}
+    with bound_threads(2):
+        llm = LLM(model=target, speculative_config=spec, tensor_parallel_size=2, disable_log_stats=False,
+                  **CPU_EAGER)
+        outputs = llm.generate([{{"prompt_token_ids": p}} for p in ids],
+                               SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), use_tqdm=False)
+        metrics = spec_metrics(llm.get_metrics())
+        ranks = llm.collective_rpc(counts)
+    print("RESULT", json.dumps({{"same": [list(o.outputs[0].token_ids) for o in outputs] == plain, "ranks": ranks,
+                                 "counters": {{key: metrics[key] for key in SPEC_METRICS.values()}}}}))
+"""
+
+
+def test_tensor_parallel_ranks_pause_and_write_deferred_passes_in_step():
+    """TP 2 (vLLM's multiprocessing executor, two CPU workers), the shipped pair with its drafter's lm_head rolled
+    by half its vocabulary, 2 requests x 48 tokens, adaptive verification with its profiled costs: the draft depth
+    pauses (fewer than a third of the steps draft), both ranks defer the same paused passes and write them at the
+    same steps (the write's forward runs the drafter's collectives), and the output is the target's greedy tokens
+    on one rank."""
+    found = run_engine_script(textwrap.dedent(TENSOR_PARALLEL.format(target=PAIR / "target",
+                                                                     drafter=PAIR / "drafter")))
+    assert found["same"], found
+    first, second = found["ranks"]
+    assert first == second and first["deferred"] > 0 and first["catch_ups"] > 0, found
+    counters = found["counters"]
+    assert counters["num_accepted_tokens"] == 0 and counters["num_drafts"] < 2 * 47 / 3, counters
