@@ -24,7 +24,9 @@ runner asks, before the drafter proposes, how deep to draft:
   drafting resumes at depth 1, the depth the probe measured; a pause that starts within :data:`RELAPSE_STEPS`
   steps of such a resume doubles the probes' interval (up to :data:`MAX_PROBE_EVERY`: one lucky probe among
   failing drafts costs a window of slow drafting, so its cost is spread over ever longer pauses), any other
-  pause probes every :data:`PROBE_EVERY` steps;
+  pause probes every :data:`PROBE_EVERY` steps; once none of the requests the pause started (or last restarted)
+  with is left in the batch, the pause restarts for the requests now there: a probe at once, then every
+  :data:`PROBE_EVERY` steps (the failing drafts that lengthened the interval were other prompts' drafts);
 - while drafting, where the batch size's plain-step time is unknown or older than
   :data:`~kimi.spec.payoff.RESAMPLE_EVERY` steps, :data:`SAMPLE_STEPS` steps decode without drafts to time it
   (at most once in :data:`SAMPLE_GAP` steps);
@@ -189,12 +191,14 @@ class DraftDepth:
         self.resumed_at = -RELAPSE_STEPS - 1
         self.probe_every = PROBE_EVERY
         self.probing = False
+        #: the batch's requests when the pause started or last restarted
+        self.pause_requests: frozenset[str] = frozenset()
         self.deferred = deferred_kv.DeferredKV()
         self.admitted.clear()
         self.window.clear()
 
     def plan(self, asked: int, most_admitted: int, verifying: bool = True, any_accepted: bool = False,
-             timed: TimedStep | None = None) -> int:
+             timed: TimedStep | None = None, requests: frozenset[str] = frozenset()) -> int:
         """Fold this step's verdict in and return the depth of the drafts proposed now; :attr:`probing` tells
         whether they are a pause's probe.
 
@@ -207,6 +211,7 @@ class DraftDepth:
                 the pause goes on; with it the pause ends while no plain step has been timed).
             timed: the step as it ran, where its batch held no prefill: a plain step's time when it verified
                 nothing after a depth of 0, a drafting step's otherwise.
+            requests: the ids of the batch's requests (empty: not known, the pause never restarts).
         """
         self.admitted.append(most_admitted)
         if timed is not None and not verifying and self.depth == 0:
@@ -219,6 +224,9 @@ class DraftDepth:
                 self.resumed_at = self.step
                 self.window.clear()
                 self.admitted.clear()
+            elif requests and self.pause_requests.isdisjoint(requests):
+                self.probe_every = self.paused_for = PROBE_EVERY  # their first probe now
+                self.pause_requests = requests
             else:
                 self.paused_for += 1
         else:
@@ -228,6 +236,7 @@ class DraftDepth:
                 self.idle += 1
             if self.idle >= WINDOW or not self._pays():
                 self.paused_for = 1
+                self.pause_requests = requests
                 relapse = self.step - self.resumed_at <= RELAPSE_STEPS
                 self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY) if relapse else PROBE_EVERY
                 self.window.clear()
@@ -379,7 +388,7 @@ def before_propose(runner: Any, input_batch: Any, num_sampled: torch.Tensor, num
     timed = None
     if elapsed_ms is not None and num_reqs and not input_batch.has_prefill:
         timed = TimedStep(num_reqs, int(num_sampled[:num_reqs].sum()), rank_zeros(elapsed_ms))
-    depth = state.plan(asked, most, verifying, accepted, timed)
+    depth = state.plan(asked, most, verifying, accepted, timed, frozenset(input_batch.req_ids[:num_reqs]))
     if depth < runner.num_speculative_steps:
         speculator = runner.speculator
         prepare_drafts(speculator.draft_tokens, speculator.draft_token_confidence_probs, num_reqs, depth)

@@ -194,6 +194,38 @@ def test_a_pause_that_relapses_soon_after_a_resume_probes_ever_more_rarely():
     assert state.paused_for and state.probe_every == PROBE_EVERY
 
 
+def test_a_pause_restarts_its_probes_once_its_requests_have_all_left():
+    """A pause whose relapses stretched its probe interval to 64 steps (off-domain requests "a" and "b") keeps that
+    interval while either request is in the batch, joiners or not; once both have left, the requests now there
+    (code prompts, say) are probed at once and then every PROBE_EVERY steps, and a probe of theirs that pays ends
+    the pause."""
+    state = DraftDepth(K, PassCounts())
+    plain, slow, lucky = TimedStep(2, 2, 10.0), TimedStep(2, 2, 15.0), TimedStep(2, 3, 12.0)
+    old, mixed, new = frozenset("ab"), frozenset("bc"), frozenset("cd")
+    drafting_then(state, slow, depth.WARMUP_STEPS + 1)
+    state.plan(K, 0, verifying=False, timed=plain, requests=old)
+    for _ in range(3):  # three relapses: 8 -> 16 -> 32 -> 64
+        while not state.probing:
+            state.plan(K, 0, verifying=False, timed=plain, requests=old)
+        state.plan(K, 1, any_accepted=True, timed=lucky, requests=old)
+        for _ in range(WINDOW):
+            state.plan(K, 1, any_accepted=True, timed=slow, requests=old)
+        assert state.paused_for
+    assert state.probe_every == 64 and state.pause_requests == old
+    for _ in range(20):
+        state.plan(K, 0, verifying=False, timed=plain, requests=mixed)
+    assert state.probe_every == 64 and state.paused_for == 21, "b is still there: the interval stands"
+    assert state.plan(K, 0, verifying=False, timed=plain, requests=new) == 1, "the new requests' probe, at once"
+    assert state.probing and state.probe_every == PROBE_EVERY and state.pause_requests == new
+    assert state.plan(K, 1, any_accepted=False, timed=plain, requests=new) == 0, "it failed: the pause goes on"
+    steps = 1
+    while not state.probing:
+        state.plan(K, 0, verifying=False, timed=plain, requests=new)
+        steps += 1
+    assert steps == PROBE_EVERY
+    assert state.plan(K, 1, any_accepted=True, timed=lucky, requests=new) == 1 and not state.paused_for
+
+
 def test_a_plain_step_is_timed_again_once_stale_and_never_during_a_prefill():
     state = DraftDepth(K, PassCounts())
     fast = TimedStep(2, 6, 12.0)
@@ -370,7 +402,7 @@ def test_a_paused_drafter_attends_to_nothing_only_under_the_rule():
     from kimi.cpu_platform import ops
 
     runner = fake_runner()
-    depth.before_propose(runner, SimpleNamespace(num_reqs=0, num_draft_tokens_per_req=None), torch.zeros(0),
+    depth.before_propose(runner, SimpleNamespace(num_reqs=0, num_draft_tokens_per_req=None, req_ids=[]), torch.zeros(0),
                          torch.zeros(0), K)  # the rule's state is made on first use
     with depth.drafter_scope(runner, 0):
         assert ops._OUTPUT_UNUSED.get()
