@@ -40,6 +40,7 @@ from kimi.fork.fsutil import write_atomic
 from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import line_pin
+from kimi.fork.state import SyncState
 from kimi.fork.sync import sync
 from kimi.log import say
 
@@ -169,9 +170,11 @@ def _install_key(layout: Layout, mode: str) -> str:
     """Identifies an install: the synced state (release, series, line), the kernels mode, the checkout
     (an editable install points at one; a venv given with --venv may have served another) and, in ``torch``
     mode, what is installed beside vLLM's own requirements."""
-    state = json.loads(layout.state_file.read_text())
+    state = SyncState.load(layout.state_file)
+    if state is None:
+        raise KimiError("the checkout has no synced vLLM tree: run `python3 -m kimi sync` first")
     extras = [*TORCH_MODE_EXTRAS, *_requirement_lines(_torch_mode_requirements(layout))] if mode == "torch" else []
-    ident = json.dumps([state["sdist_sha256"], state["series"], state["line"], mode, str(layout.root.resolve()),
+    ident = json.dumps([state.sdist_sha256, state.series, state.line, mode, str(layout.root.resolve()),
                         *([extras] if extras else [])], sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()
 
