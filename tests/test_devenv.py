@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +12,7 @@ from conftest import Fork
 from kimi.devenv import TOOLS, _build_requirements, _install_key, install_needed, line_layout, marker_text
 from kimi.errors import KimiError
 from kimi.fork.layout import Layout
+from kimi.fork.state import SyncState
 
 
 @pytest.fixture
@@ -52,14 +52,20 @@ def test_other_line_gets_a_checkout_of_the_fork_files_refreshed_each_time(two_li
 def test_install_key_names_the_checkout(tmp_path: Path) -> None:
     """A venv shared through --venv between two checkouts of one state must be reinstalled: its
     editable install points at the other checkout."""
-    state = {"sdist_sha256": "ab" * 32, "series": {"0001-x": "cd" * 32}, "line": "origin"}
+    state = SyncState(line="origin", version="1.0.0", sdist_sha256="ab" * 32, series={"0001-x": "cd" * 32})
     keys = []
     for name in ("a", "b"):
         layout = Layout(root=tmp_path / name, cache=tmp_path / "cache")
         layout.private.mkdir(parents=True)
-        layout.state_file.write_text(json.dumps(state))
+        state.save(layout.state_file)
         keys.append(_install_key(layout, "cpu"))
     assert keys[0] != keys[1]
+    layout.state_file.write_text("{")
+    with pytest.raises(KimiError, match="state"):
+        _install_key(layout, "cpu")
+    layout.state_file.unlink()
+    with pytest.raises(KimiError, match="kimi sync"):
+        _install_key(layout, "cpu")
 
 
 def test_build_requirements_under_each_release_layout(tmp_path: Path) -> None:
@@ -137,7 +143,7 @@ def test_torch_kernels_install_the_cpu_runtime_list_without_torch(tmp_path: Path
 
     layout = Layout(root=tmp_path, cache=tmp_path / "cache")
     layout.private.mkdir(parents=True)
-    layout.state_file.write_text(json.dumps({"sdist_sha256": "ab" * 32, "series": {}, "line": "mainline"}))
+    SyncState(line="mainline", version="1.0.0", sdist_sha256="ab" * 32).save(layout.state_file)
     assert _torch_mode_requirements(layout) is None
     (tmp_path / "requirements").mkdir()
     cpu = tmp_path / "requirements" / "cpu.txt"
