@@ -380,7 +380,7 @@ def test_the_rule_runs_only_on_an_eager_cpu_engine_with_synchronous_scheduling(c
     runner = fake_runner(**overrides)
     assert depth.applies(runner) is on
     batch = SimpleNamespace(num_reqs=2, idx_mapping_np=np.array([0, 1]), num_draft_tokens_per_req=np.array([K, K]),
-                            has_prefill=False)
+                            has_prefill=False, req_ids=["a", "b"])
     no_drafts = torch.tensor([1, 1]), torch.tensor([0, 0])  # the budget admitted no draft: the bonus token only
     counts = (depth.COUNTS.steps, depth.COUNTS.passes)
     depths = [depth.before_propose(runner, batch, *no_drafts, K) for _ in range(9)]
