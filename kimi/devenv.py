@@ -170,9 +170,7 @@ def _install_key(layout: Layout, mode: str) -> str:
     """Identifies an install: the synced state (release, series, line), the kernels mode, the checkout
     (an editable install points at one; a venv given with --venv may have served another) and, in ``torch``
     mode, what is installed beside vLLM's own requirements."""
-    state = SyncState.load(layout.state_file)
-    if state is None:
-        raise KimiError("the checkout has no synced vLLM tree: run `python3 -m kimi sync` first")
+    state = SyncState.laid(layout.state_file)
     extras = [*TORCH_MODE_EXTRAS, *_requirement_lines(_torch_mode_requirements(layout))] if mode == "torch" else []
     ident = json.dumps([state.sdist_sha256, state.series, state.line, mode, str(layout.root.resolve()),
                         *([extras] if extras else [])], sort_keys=True)

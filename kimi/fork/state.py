@@ -63,5 +63,17 @@ class SyncState:
             ) from None
         return state
 
+    @classmethod
+    def laid(cls, path: Path) -> SyncState:
+        """The recorded state of a laid tree.
+
+        Raises:
+            KimiError: nothing is laid yet (naming ``kimi sync``), or the file is damaged (:meth:`load`).
+        """
+        state = cls.load(path)
+        if state is None:
+            raise KimiError("nothing is laid yet: run `kimi sync`")
+        return state
+
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))

@@ -75,9 +75,7 @@ def status(layout: Layout) -> Status:
     Raises:
         KimiError: nothing is laid yet.
     """
-    state = SyncState.load(layout.state_file)
-    if state is None:
-        raise KimiError("nothing is laid yet: run `kimi sync`")
+    state = SyncState.laid(layout.state_file)
     result = Status(line=state.line, version=state.version)
     failed = state.failed or {}
     names = []
