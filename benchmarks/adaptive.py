@@ -79,9 +79,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled, request i seeded with i")
     p.add_argument("--step-times", action="store_true", help="time target, verification and drafter steps per point")
     p.add_argument("--kv-mib", type=int, default=512, help="KV cache per engine")
-    p.add_argument("--adaptive-cudagraph-mode", choices=["PIECEWISE", "NONE"],
-                   help="the adaptive engine's cudagraph_mode (GPU): on Hopper no MLA backend's FULL graphs replay "
-                        "the varlen decode batches adaptive verification makes, so its engine needs PIECEWISE there")
     p.add_argument("--fork-greedy", default="auto", help="KIMI_DRAFT_GREEDY for the fork's engines")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("KIMI_BUDGET_S", 8 * 3600)))
     p.add_argument("--job-timeout-s", type=float, default=1800, help="for an engine's start, and for each turn")
@@ -101,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         bad.append(f"--rounds must be at least 1, got {args.rounds}")
     if args.device == "gpu":
         bad += site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
-    elif args.adaptive_cudagraph_mode:
-        bad.append("--adaptive-cudagraph-mode is for --device gpu (the CPU engines run eager)")
     elif args.upstream_site:
         bad.append("--upstream-site is laid by the script on CPU; leave it out (or use --device gpu)")
     if bad:

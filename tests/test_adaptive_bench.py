@@ -113,18 +113,6 @@ def test_the_five_engines_and_their_speculative_configs() -> None:
         speculative_config("eagle5", "D")
 
 
-def test_only_the_adaptive_engine_takes_its_own_cudagraph_mode() -> None:
-    """On Hopper the adaptive engine runs PIECEWISE graphs (no MLA backend's FULL graphs replay varlen decode
-    batches); the other engines keep the shared settings, capture sizes included."""
-    engine = {"max_num_seqs": 8, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}}
-    jobs = {j["setting"]: j for j in jobs_of("pair", PAIR, {"engine": engine}, adaptive_cudagraph_mode="PIECEWISE")}
-    assert jobs["adaptive"]["engine"] == {"max_num_seqs": 8, "compilation_config": {
-        "cudagraph_capture_sizes": [1, 2, 4], "cudagraph_mode": "PIECEWISE"}}
-    assert all(j["engine"] is engine for name, j in jobs.items() if name != "adaptive")
-    assert engine["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4]}  # the shared dict is left alone
-    assert all(j["engine"] is engine for j in jobs_of("pair", PAIR, {"engine": engine}))
-
-
 def test_points_skip_mixed_at_one_request_and_mixed_batches_are_half_of_each() -> None:
     assert measurement_points(["in", "off", "mixed"], [1, 8]) == [["in", 1], ["off", 1], ["in", 8], ["off", 8],
                                                                    ["mixed", 8]]

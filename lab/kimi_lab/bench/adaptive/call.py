@@ -95,8 +95,7 @@ def summarize(args: argparse.Namespace, made: dict, jobs: list[dict], runs: dict
                      "rewarm_tokens": args.rewarm_tokens, "pinned": args.pin, "temperature": args.temperature,
                      "off_kind": extra["off_kind"], "lengths": extra["lengths"], "engine": args.engine,
                      "engines": {e: (ENGINES[e][0], ENGINES[e][1]) for e in ENGINES
-                                 if not args.engines or e in args.engines},
-                     "adaptive_cudagraph_mode": args.adaptive_cudagraph_mode},
+                                 if not args.engines or e in args.engines}},
         "rows": rows, "goal": goal(rows), "candidates": extra.get("candidates"), "notes": extra.get("notes", []),
         "runs": {j["name"]: {k: v for k, v in without_tokens(runs.get(j["name"], {"status": "not run"})).items()}
                  for j in jobs},
@@ -141,7 +140,7 @@ def run_call(args: argparse.Namespace, root: Path, made: dict) -> int:
     if "wide" in args.models:
         models["wide"] = wide_pair(pair, args.scratch / "pair-wide")
     jobs = [j for model, folder in models.items() if model in args.models
-            for j in jobs_of(model, folder, common, args.engines, args.adaptive_cudagraph_mode)]
+            for j in jobs_of(model, folder, common, args.engines)]
     runs: dict[str, dict] = {}
 
     def report(job: dict | None = None) -> None:

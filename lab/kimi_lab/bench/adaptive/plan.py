@@ -96,18 +96,10 @@ def engine_settings(device: str, concurrency: list[int], kv_bytes: int) -> dict:
             "compilation_config": {"cudagraph_capture_sizes": [s for s in sizes if s <= largest]}}
 
 
-def with_cudagraph_mode(settings: dict, mode: str) -> dict:
-    """``settings`` (``LLM(...)`` keyword arguments) with ``compilation_config.cudagraph_mode`` set to ``mode``
-    (vLLM's ``CUDAGraphMode`` name, e.g. ``PIECEWISE``), as a new dict."""
-    return {**settings, "compilation_config": {**settings.get("compilation_config", {}), "cudagraph_mode": mode}}
-
-
-def jobs_of(model: str, pair: Path, common: dict, engines: list[str] | None = None,
-            adaptive_cudagraph_mode: str | None = None) -> list[dict]:
+def jobs_of(model: str, pair: Path, common: dict, engines: list[str] | None = None) -> list[dict]:
     """The engines of one model (``pair``: a folder with ``target/`` and ``drafter/``) in plan order, as
     :mod:`kimi_lab.bench.perf` jobs named ``<model>/<engine>`` (``engines``: only these); ``common``: what every job
-    carries (``prompt_sets``, ``points``, ``tokens``, ``reps``, ``engine``, ...). ``adaptive_cudagraph_mode``: the
-    adaptive engine's CUDA-graph mode where it differs from the others' (:func:`with_cudagraph_mode`)."""
+    carries (``prompt_sets``, ``points``, ``tokens``, ``reps``, ``engine``, ...)."""
     jobs = []
     for engine, (variant, _) in ENGINES.items():
         if engines and engine not in engines:
@@ -115,8 +107,6 @@ def jobs_of(model: str, pair: Path, common: dict, engines: list[str] | None = No
         spec = speculative_config(engine, str(pair / "drafter"))
         job = {**common, "name": f"{model}/{engine}", "model": model, "setting": engine, "variant": variant,
                "k": spec["num_speculative_tokens"] if spec else 0, "spec": spec, "target": str(pair / "target")}
-        if engine == "adaptive" and adaptive_cudagraph_mode:
-            job["engine"] = with_cudagraph_mode(common.get("engine", {}), adaptive_cudagraph_mode)
         jobs.append(job)
     return jobs
 

@@ -94,9 +94,7 @@ def markdown(summary: dict) -> list[str]:
              f"- vLLM: {summary['versions']}; {summary['upstream'].get('note', '')}",
              (f"- upstream patches kept: {summary['upstream'].get('kept', [])}; taken out: "
              f"{summary['upstream'].get('removed', [])}"),
-             f"- engines ({s['device']}, EAGLE-3 with the pair's drafter): {engine_words(s['engines'])}"
-             + (f"; the adaptive engine alone with cudagraph_mode {s['adaptive_cudagraph_mode']}"
-                if s.get("adaptive_cudagraph_mode") else ""),
+             f"- engines ({s['device']}, EAGLE-3 with the pair's drafter): {engine_words(s['engines'])}",
              (f"- prompts: in = held-out code ({s['lengths']['in']} tokens), off = `{s['off_kind']}` "
               f"({s['lengths']['off']} tokens), mixed = the two interleaved; {s['tokens']} output tokens per request, "
               f"{'greedy' if not s.get('temperature') else 'temperature ' + str(s['temperature']) + ', seeded'}, "
