@@ -231,35 +231,40 @@ def rejection(
     draft = torch.where(in_range, draft_sampled_ptr[(logit_idx + 1).clamp_max(num_logits - 1)].to(torch.int64), -1)
     valid_draft = draft >= 0
     draft = draft.clamp_min(0)
-    u = tl_rand32(seed_ptr[req].to(torch.int64)[:, None], pos_ptr[logit_idx], includes_zero=False)
 
     # Greedy: the target argmax of each step.
     local_max = target_local_max_ptr[logit_idx.view(-1), :vocab_num_blocks]
     best_block = torch.where(local_max.isnan(), float("-inf"), local_max).argmax(dim=1, keepdim=True)
     target_argmax = target_local_argmax_ptr[logit_idx.view(-1)].gather(1, best_block).view_as(draft)
-    # Probabilistic: log-probabilities of the draft token under target and draft.
-    target_lse = _global_logsumexp(
-        target_local_max_ptr[logit_idx.view(-1)], target_local_sumexp_ptr[logit_idx.view(-1)], vocab_num_blocks
-    ).view_as(draft)
-    target_logit = torch.where(valid_draft, target_logits_ptr[logit_idx, draft].to(torch.float32), float("-inf"))
-    target_logprob = target_logit - target_lse
-    if HAS_DRAFT_LOGITS:
-        rows = _draft_rows(req, draft_logits_row_mapping_ptr)[:, None]
-        draft_logit = draft_logits_ptr[rows, step.expand_as(draft), draft].to(torch.float32)
-        draft_logit = torch.where(valid_draft, draft_logit, float("-inf")) / temp[:, None]
-        draft_lse = _global_logsumexp(
-            draft_local_max_ptr[logit_idx.view(-1)], draft_local_sumexp_ptr[logit_idx.view(-1)], vocab_num_blocks
+    # Where every request is greedy no draw and no log-probability is read, and the logsumexps stay 0.
+    all_greedy = not SYNTHETIC_MODE and bool(greedy.all())
+    if all_greedy:
+        accepted = target_argmax == draft
+    else:
+        u = tl_rand32(seed_ptr[req].to(torch.int64)[:, None], pos_ptr[logit_idx], includes_zero=False)
+        # Probabilistic: log-probabilities of the draft token under target and draft.
+        target_lse = _global_logsumexp(
+            target_local_max_ptr[logit_idx.view(-1)], target_local_sumexp_ptr[logit_idx.view(-1)], vocab_num_blocks
         ).view_as(draft)
-        draft_logprob = draft_logit - draft_lse
-    else:
-        draft_lse = torch.zeros_like(target_lse)
-        draft_logprob = torch.zeros_like(target_lse)
+        target_logit = torch.where(valid_draft, target_logits_ptr[logit_idx, draft].to(torch.float32), float("-inf"))
+        target_logprob = target_logit - target_lse
+        if HAS_DRAFT_LOGITS:
+            rows = _draft_rows(req, draft_logits_row_mapping_ptr)[:, None]
+            draft_logit = draft_logits_ptr[rows, step.expand_as(draft), draft].to(torch.float32)
+            draft_logit = torch.where(valid_draft, draft_logit, float("-inf")) / temp[:, None]
+            draft_lse = _global_logsumexp(
+                draft_local_max_ptr[logit_idx.view(-1)], draft_local_sumexp_ptr[logit_idx.view(-1)], vocab_num_blocks
+            ).view_as(draft)
+            draft_logprob = draft_logit - draft_lse
+        else:
+            draft_lse = torch.zeros_like(target_lse)
+            draft_logprob = torch.zeros_like(target_lse)
 
-    if SYNTHETIC_MODE:
-        rate = synthetic_conditional_rates_ptr[:num_steps].to(torch.float32)[None, :]
-        accepted = u < rate
-    else:
-        accepted = torch.where(greedy, target_argmax == draft, target_logprob > torch.log(u) + draft_logprob)
+        if SYNTHETIC_MODE:
+            rate = synthetic_conditional_rates_ptr[:num_steps].to(torch.float32)[None, :]
+            accepted = u < rate
+        else:
+            accepted = torch.where(greedy, target_argmax == draft, target_logprob > torch.log(u) + draft_logprob)
     accepted &= valid_draft | ~greedy
 
     # Step i is verified when every earlier step was accepted (and, for non-greedy requests,
@@ -274,10 +279,14 @@ def rejection(
     rejected_steps_ptr[:num_reqs] = num_accepted.to(rejected_steps_ptr.dtype)
 
     # The logsumexps of the last verified step (greedy requests keep 0).
+    zero = torch.zeros(num_reqs, dtype=torch.float32)
+    if all_greedy:
+        target_rejected_logsumexp_ptr[:num_reqs] = zero
+        draft_rejected_logsumexp_ptr[:num_reqs] = zero
+        return
     num_verified = verified.sum(dim=1)
     last = (num_verified - 1).clamp_min(0)[:, None]
     keep = (num_verified > 0) & ~greedy[:, 0]
-    zero = torch.zeros(num_reqs, dtype=torch.float32)
     target_rejected_logsumexp_ptr[:num_reqs] = torch.where(keep, target_lse.gather(1, last)[:, 0], zero)
     draft_rejected_logsumexp_ptr[:num_reqs] = torch.where(keep, draft_lse.gather(1, last)[:, 0], zero)
 
