@@ -1,11 +1,13 @@
 """Step cost of two CPU paths side by side: the v0.32 line's compiled one and the mainline's torch-only platform.
 
     .venv/bin/python benchmarks/cpu_paths.py --path compiled-0.32=.kimi/envs/v0.32/.venv/bin/python \\
-        --path torch-0.34=.venv/bin/python [--models models/pair] [--prompts 8] [--tokens 32]
+        --path torch-0.34=.venv/bin/python [--model NAME=TARGET:DRAFTER ...] [--prompts 8] [--tokens 32]
 
-The first ``--path`` is the baseline. For each round and each path: no speculation, then EAGLE-3 with the
-pair's drafter at ``--k``; each measurement in a fresh child process of that path's python
-(``kimi_lab.bench.cpu_paths``). Writes ``cpu_paths.json`` and ``cpu_paths.md`` to ``--out``.
+The first ``--path`` is the baseline. ``--model`` (repeatable; default ``pair``, the shipped pair) names a target
+folder and its EAGLE-3 drafter's, e.g. ``mla=M/target:M/drafter-mla`` or ``k25=M/kimi-k25:M/drafter-llama`` for the
+reference models of ``kimi models make M``. For each round, model and path: no speculation, then EAGLE-3 at
+``--k``; each measurement in a fresh child process of that path's python (``kimi_lab.bench.cpu_paths``). Writes
+``cpu_paths.json`` and ``cpu_paths.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,18 @@ def measure(target: str, drafter: str | None, k: int, prompt_ids: list[list[int]
             "tokens": token_ids}
 
 
+def parse_model(text: str) -> tuple[str, str, str]:
+    """``NAME=TARGET:DRAFTER`` -> ``(name, target, drafter)`` (absolute folders, each with a ``config.json``)."""
+    name, sep, folders = text.partition("=")
+    target, colon, drafter = folders.partition(":")
+    if not sep or not colon or not name or not target or not drafter:
+        raise argparse.ArgumentTypeError(f"--model wants NAME=TARGET:DRAFTER, not {text!r}")
+    for folder in (target, drafter):
+        if not (Path(folder) / "config.json").is_file():
+            raise argparse.ArgumentTypeError(f"--model {name}: no config.json in {folder}")
+    return name, str(Path(target).resolve()), str(Path(drafter).resolve())
+
+
 def parse_path(text: str) -> tuple[str, str]:
     name, sep, python = text.partition("=")
     if not sep or not name or not python:
@@ -66,7 +80,7 @@ def parse_path(text: str) -> tuple[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=parse_path, action="append", default=[], metavar="NAME=PYTHON")
-    parser.add_argument("--models", type=Path, default=ROOT / "models/pair")
+    parser.add_argument("--model", type=parse_model, action="append", default=[], metavar="NAME=TARGET:DRAFTER")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--k", type=int, default=3)
@@ -87,44 +101,50 @@ def main() -> int:
         parser.error("give two or more --path NAME=PYTHON (the first is the baseline)")
     if len({name for name, _ in args.path}) != len(args.path):
         parser.error("--path names must differ")
+    models = args.model or [("pair", str(ROOT / "models/pair/target"), str(ROOT / "models/pair/drafter"))]
+    if len({name for name, _, _ in models}) != len(models):
+        parser.error("--model names must differ")
     from kimi.e2e.engine import tokenize
     from kimi.models.prompts import code_prompts
     from kimi_lab.bench.cpu_paths import run_child, summarize
 
-    target, drafter = str(args.models.resolve() / "target"), str(args.models.resolve() / "drafter")
-    prompt_ids = tokenize(target, code_prompts(args.prompts))
+    prompt_ids = {name: tokenize(target, code_prompts(args.prompts)) for name, target, _ in models}
     # each child imports its own install's kimi and vllm: nothing of this checkout on its path
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     cache_root = tempfile.mkdtemp(prefix="cpu-paths-cache-")
     runs: dict = {}
     for number in range(args.rounds):
-        for name, python in args.path:
-            for setting in SETTINGS:
-                job = {"target": target, "drafter": drafter if setting == "eagle3" else None, "k": args.k,
-                       "prompt_ids": prompt_ids, "tokens": args.tokens}
-                began = time.monotonic()
-                # a cache of its own per path (each release writes its own compile and model-info entries)
-                path_env = {**env, "VLLM_CACHE_ROOT": str(Path(cache_root) / name)}
-                result = run_child(str(Path(python).absolute()), str(Path(__file__).resolve()), job, path_env,
-                                   args.timeout)
-                runs.setdefault((name, setting), []).append(result)
-                print(f"round {number + 1}: {name} {setting}: {result['step_ms']} ms/step, tau {result['tau']}"
-                      f" ({time.monotonic() - began:.0f} s)", flush=True)
+        for model, target, drafter in models:
+            for name, python in args.path:
+                for setting in SETTINGS:
+                    job = {"target": target, "drafter": drafter if setting == "eagle3" else None, "k": args.k,
+                           "prompt_ids": prompt_ids[model], "tokens": args.tokens}
+                    began = time.monotonic()
+                    # a cache of its own per path (each release writes its own compile and model-info entries)
+                    path_env = {**env, "VLLM_CACHE_ROOT": str(Path(cache_root) / name)}
+                    result = run_child(str(Path(python).absolute()), str(Path(__file__).resolve()), job, path_env,
+                                       args.timeout)
+                    runs.setdefault((model, name, setting), []).append(result)
+                    print(f"round {number + 1}: {model} {name} {setting}: {result['step_ms']} ms/step, "
+                          f"tau {result['tau']} ({time.monotonic() - began:.0f} s)", flush=True)
     rows = summarize(runs, args.path[0][0])
     out = {**stamp("benchmarks/cpu_paths.py", sys.argv[1:], python=".venv/bin/python"), "cpu": cpu_name(),
            "cores": os.cpu_count(),
            "python": platform.python_version(), "prompts": args.prompts, "tokens": args.tokens, "k": args.k,
-           "paths": dict(args.path), "rows": rows}
+           "paths": dict(args.path), "models": {name: {"target": target, "drafter": drafter}
+                                                for name, target, drafter in models}, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "cpu_paths.json", out)
     lines = header("CPU paths side by side: step cost, tau, lossless", out["command"], out["date"])
     lines += [(f"- machine: {out['cpu']} ({out['cores']} CPUs); {args.prompts} prompts x {args.tokens} tokens "
                f"in one batch, float32, eager, k = {args.k}, {args.rounds} rounds (median)"), "",
-              "| path | vLLM | setting | ms/step | x baseline | steps | tau | lossless | same tokens as baseline |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "- models: " + "; ".join(f"{name} = `{target}` + `{drafter}`" for name, target, drafter in models), "",
+              ("| model | path | vLLM | setting | ms/step | x baseline | steps | tau | lossless "
+               "| same tokens as baseline |"),
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['path']} | {row['vllm']} | {row['setting']} | {row['step_ms']:.1f} | "
+        lines.append(f"| {row['model']} | {row['path']} | {row['vllm']} | {row['setting']} | {row['step_ms']:.1f} | "
                      f"{row['step_ratio']:.2f} | {row['steps']} | {row['tau'] or '-'} | "
                      f"{'-' if row['lossless'] is None else row['lossless']} | {row['same_as_baseline']} |")
     lines += ["", ("Not shown: throughput under concurrency (one batch only), start-up cost (`start_s` in the JSON); "

@@ -32,25 +32,26 @@ def run_child(python: str, script: str, job: dict, env: dict[str, str], timeout_
     return json.loads(lines[-1])
 
 
-def summarize(runs: dict[tuple[str, str], list[dict]], baseline: str) -> list[dict]:
-    """One row per (path, setting) of ``runs`` (its rounds' measurements, ``setting`` "nospec" or "eagle3").
+def summarize(runs: dict[tuple[str, str, str], list[dict]], baseline: str) -> list[dict]:
+    """One row per (model, path, setting) of ``runs`` (its rounds' measurements, ``setting`` "nospec" or "eagle3").
 
     Each row: median ``step_ms`` and ``seconds`` over rounds with every round's ``step_ms``, ``tau``,
-    ``step_ratio`` (median step_ms over the ``baseline`` path's for the same setting), ``lossless``
-    (EAGLE-3 rows: every round's tokens equal the same path's first no-speculation round) and
-    ``same_as_baseline`` (the first round's tokens equal the baseline path's for the same setting).
+    ``step_ratio`` (median step_ms over the ``baseline`` path's for the same model and setting), ``lossless``
+    (EAGLE-3 rows: every round's tokens equal the same model and path's first no-speculation round) and
+    ``same_as_baseline`` (the first round's tokens equal the baseline path's for the same model and setting).
     """
     rows = []
-    for (path, setting), rounds in runs.items():
-        rows.append({"path": path, "setting": setting, "vllm": rounds[0]["vllm"], "rounds": len(rounds),
+    for (model, path, setting), rounds in runs.items():
+        rows.append({"model": model, "path": path, "setting": setting, "vllm": rounds[0]["vllm"],
+                     "rounds": len(rounds),
                      "step_ms": statistics.median(r["step_ms"] for r in rounds),
                      "step_ms_rounds": [r["step_ms"] for r in rounds],
                      "seconds": statistics.median(r["seconds"] for r in rounds), "steps": rounds[0]["steps"],
                      "tau": rounds[0]["tau"], "start_s": statistics.median(r["start_s"] for r in rounds),
-                     "lossless": (all(r["tokens"] == runs[path, "nospec"][0]["tokens"] for r in rounds)
+                     "lossless": (all(r["tokens"] == runs[model, path, "nospec"][0]["tokens"] for r in rounds)
                                   if setting == "eagle3" else None),
-                     "same_as_baseline": rounds[0]["tokens"] == runs[baseline, setting][0]["tokens"]})
-    base = {row["setting"]: row["step_ms"] for row in rows if row["path"] == baseline}
+                     "same_as_baseline": rounds[0]["tokens"] == runs[model, baseline, setting][0]["tokens"]})
+    base = {(row["model"], row["setting"]): row["step_ms"] for row in rows if row["path"] == baseline}
     for row in rows:
-        row["step_ratio"] = round(row["step_ms"] / base[row["setting"]], 3)
+        row["step_ratio"] = round(row["step_ms"] / base[row["model"], row["setting"]], 3)
     return rows
