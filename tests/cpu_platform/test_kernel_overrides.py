@@ -568,14 +568,23 @@ def test_rejection_sample(monkeypatch, shape, case):
         )
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
-def test_rejection_sample_end_to_end(monkeypatch, shape):
-    """The whole verification with every override in place samples what the Triton kernels do."""
-    b, temperature, seeds, expanded, local_pos, target_logits, draft_sampled, pos = verification_batch(shape, 0.4, 3000)
+def assert_verifies_as_triton(monkeypatch, greedy_share: float, shape, forbidden: dict[str, str] | None = None):
+    """Run the whole verification of a :func:`verification_batch` with the Triton kernels, then with every
+    override in place (``forbidden``: attributes of ``kimi.cpu_platform.kernels.rejection`` that fail the test
+    if called, mapped to the failure's message) and assert both sampled the same tokens.  ``greedy_share`` 1.0
+    makes every request greedy (slot 0 included)."""
+    import kimi.cpu_platform.kernels.rejection as torch_rejection
+
+    b, temperature, seeds, expanded, local_pos, target_logits, draft_sampled, pos = verification_batch(
+        shape, greedy_share, 3000)
+    if greedy_share == 1.0:
+        temperature.zero_()  # sampling_state keeps slot 0 sampled
     names = [n for n in OVERRIDES if n.startswith(RU)]
     results = []
     for impl in (False, True):
-        with using(monkeypatch, names, impl):
+        with using(monkeypatch, names, impl), monkeypatch.context() as patch:
+            for attr, message in (forbidden or {}).items() if impl else ():
+                patch.setattr(torch_rejection, attr, lambda *a, message=message, **k: pytest.fail(message))
             sampled, num_sampled = up_rejection_utils.rejection_sample(
                 target_logits, None, draft_sampled, b.cu_num_logits, pos, b.idx_mapping, expanded, local_pos,
                 temperature, seeds, max(b.num_spec, 1))
@@ -583,6 +592,12 @@ def test_rejection_sample_end_to_end(monkeypatch, shape):
         results.append((num_sampled, torch.where(keep, sampled, -1)))
     assert torch.equal(results[0][0], results[1][0])
     assert torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
+def test_rejection_sample_end_to_end(monkeypatch, shape):
+    """The whole verification with every override in place samples what the Triton kernels do."""
+    assert_verifies_as_triton(monkeypatch, 0.4, shape)
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
@@ -590,25 +605,8 @@ def test_greedy_verification_draws_nothing(monkeypatch, shape):
     """A batch of greedy requests only is verified by the target argmax: the torch rejection kernel draws no
     random number and reads no log-probability (on CPU the Philox draws were most of its time, ~1.5 ms a
     step at one request), and samples what the Triton kernels do."""
-    import kimi.cpu_platform.kernels.rejection as torch_rejection
-
-    b, temperature, seeds, expanded, local_pos, target_logits, draft_sampled, pos = verification_batch(shape, 1.0, 3000)
-    temperature.zero_()  # sampling_state keeps slot 0 sampled
-    names = [n for n in OVERRIDES if n.startswith(RU)]
-    results = []
-    for impl in (False, True):
-        with using(monkeypatch, names, impl), monkeypatch.context() as patch:
-            if impl:
-                patch.setattr(torch_rejection, "tl_rand32", lambda *a, **k: pytest.fail("a greedy batch drew"))
-                patch.setattr(torch_rejection, "_global_logsumexp",
-                              lambda *a, **k: pytest.fail("a greedy batch read log-probabilities"))
-            sampled, num_sampled = up_rejection_utils.rejection_sample(
-                target_logits, None, draft_sampled, b.cu_num_logits, pos, b.idx_mapping, expanded, local_pos,
-                temperature, seeds, max(b.num_spec, 1))
-        keep = torch.arange(sampled.shape[1])[None, :] < num_sampled[:, None].to(torch.int64)
-        results.append((num_sampled, torch.where(keep, sampled, -1)))
-    assert torch.equal(results[0][0], results[1][0])
-    assert torch.equal(results[0][1], results[1][1])
+    assert_verifies_as_triton(monkeypatch, 1.0, shape, forbidden={
+        "tl_rand32": "a greedy batch drew", "_global_logsumexp": "a greedy batch read log-probabilities"})
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
