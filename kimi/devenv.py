@@ -38,7 +38,7 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
 from kimi.fork.kernels_mode import kernels_mode
-from kimi.fork.layout import DEFAULT_LINE, Layout
+from kimi.fork.layout import DEFAULT_LINE, LINE_ENV, Layout
 from kimi.fork.pin import line_pin
 from kimi.fork.state import SyncState
 from kimi.fork.sync import sync
@@ -288,9 +288,10 @@ def setup(layout: Layout, line: str, venv: Path | None = None, kernels: str = "a
 
 
 def suite_env(layout: Layout, line: str = DEFAULT_LINE, kernels: str = "auto") -> dict[str, str]:
-    """The environment pytest runs in for ``kimi test`` of ``line`` installed at ``layout``."""
+    """The environment pytest runs in for ``kimi test`` of ``line`` installed at ``layout``: the ``kimi`` commands
+    its tests start take ``line`` where they are given no ``--line`` (:data:`~kimi.fork.layout.LINE_ENV`)."""
     mode = line_kernels(layout, line, kernels)
-    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": mode,
+    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, LINE_ENV: line, "KIMI_KERNELS": mode,
             "KIMI_CACHE_DIR": str(layout.cache)}
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from kimi.fork.layout import DEFAULT_LINE
+from kimi.fork.layout import DEFAULT_LINE, LINE_ENV
 
 #: ``--from DIR`` of the commands that obtain the pinned release's files.
 FROM_PINNED = "folder holding the pinned files, for sites without a package index"
@@ -29,8 +30,10 @@ def positive_float(text: str) -> float:
 
 
 def add_line(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--line NAME`` (default: the mainline); ``help`` says what the line is for."""
-    parser.add_argument("--line", default=DEFAULT_LINE, help=f"{help} (default: %(default)s)")
+    """``--line NAME`` (default: the line :data:`~kimi.fork.layout.LINE_ENV` names, else the mainline); ``help`` says
+    what the line is for."""
+    parser.add_argument("--line", default=os.environ.get(LINE_ENV) or DEFAULT_LINE,
+                        help=f"{help} (default: %(default)s; ${LINE_ENV} sets it)")
 
 
 def add_from(parser: argparse.ArgumentParser, help: str = FROM_PINNED) -> None:

@@ -16,6 +16,10 @@ from pathlib import Path
 from kimi.errors import KimiError
 
 DEFAULT_LINE = "mainline"
+#: The environment variable naming the line that the commands' ``--line`` defaults to (unset or empty: the
+#: mainline). ``kimi test --line NAME`` sets it for its tests, so that the ``kimi`` commands they start in NAME's
+#: own checkout (``.kimi/envs/NAME/``) lay and serve NAME there, not the mainline over it.
+LINE_ENV = "KIMI_LINE"
 
 
 @dataclass(frozen=True)
