@@ -38,7 +38,7 @@ from pathlib import Path
 from kimi.errors import KimiError
 from kimi.fork.fsutil import write_atomic
 from kimi.fork.kernels_mode import kernels_mode
-from kimi.fork.layout import DEFAULT_LINE, LINE_ENV, Layout
+from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import line_pin
 from kimi.fork.state import SyncState
 from kimi.fork.sync import sync
@@ -91,7 +91,8 @@ def _own_entries(root: Path) -> list[str]:
 
 
 def line_layout(layout: Layout, line: str) -> Layout:
-    """Where ``line`` is laid and installed: the root for the default line, else ``.kimi/envs/<line>/``.
+    """Where ``line`` is laid and installed: the root for the line it is for (:attr:`Layout.own_line`: the
+    mainline, or the line whose own checkout it is), else ``.kimi/envs/<line>/``.
 
     A line's own checkout gets a fresh copy of the fork's own files (``kimi/``,
     ``tests/``, ...) from the working tree each time; its laid tree, its
@@ -101,7 +102,7 @@ def line_layout(layout: Layout, line: str) -> Layout:
         KimiError: ``line`` has no pin (the message lists the known lines).
     """
     layout.line_dir(line)
-    if line == DEFAULT_LINE:
+    if line == layout.own_line:
         return layout
     dest = layout.private / "envs" / line
     dest.mkdir(parents=True, exist_ok=True)
@@ -288,10 +289,9 @@ def setup(layout: Layout, line: str, venv: Path | None = None, kernels: str = "a
 
 
 def suite_env(layout: Layout, line: str = DEFAULT_LINE, kernels: str = "auto") -> dict[str, str]:
-    """The environment pytest runs in for ``kimi test`` of ``line`` installed at ``layout``: the ``kimi`` commands
-    its tests start take ``line`` where they are given no ``--line`` (:data:`~kimi.fork.layout.LINE_ENV`)."""
+    """The environment pytest runs in for ``kimi test`` of ``line`` installed at ``layout``."""
     mode = line_kernels(layout, line, kernels)
-    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, LINE_ENV: line, "KIMI_KERNELS": mode,
+    return {**os.environ, "KIMI_TEST_INSTALLED": "1", "KIMI_TEST_LINE": line, "KIMI_KERNELS": mode,
             "KIMI_CACHE_DIR": str(layout.cache)}
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from conftest import Fork
-from kimi.cli import build_parser
 from kimi.devenv import (
     TOOLS,
     _build_requirements,
@@ -17,10 +16,9 @@ from kimi.devenv import (
     install_needed,
     line_layout,
     marker_text,
-    suite_env,
 )
 from kimi.errors import KimiError
-from kimi.fork.layout import DEFAULT_LINE, LINE_ENV, Layout
+from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.state import SyncState
 
 
@@ -58,16 +56,16 @@ def test_other_line_gets_a_checkout_of_the_fork_files_refreshed_each_time(two_li
     assert (env.root / "vllm" / "laid.py").is_file()  # the laid tree is kept
 
 
-def test_commands_a_line_s_tests_start_take_that_line(two_lines: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kimi test --line L`` runs its tests with ``KIMI_LINE=L``, and ``--line`` defaults to it: a ``kimi demo`` or
-    ``kimi setup`` that a test starts in L's checkout lays L there.  (2026-12-07: the v0.32 suite's demo and
-    training tests laid the mainline's 0.34.0 over ``.kimi/envs/v0.32``, and the tests after them failed.)"""
-    assert suite_env(line_layout(two_lines, "origin"), "origin")[LINE_ENV] == "origin"
-    monkeypatch.setenv(LINE_ENV, "origin")
-    assert build_parser().parse_args(["setup"]).line == "origin"
-    assert build_parser().parse_args(["setup", "--line", DEFAULT_LINE]).line == DEFAULT_LINE
-    monkeypatch.delenv(LINE_ENV)
-    assert build_parser().parse_args(["setup"]).line == DEFAULT_LINE
+def test_a_line_s_own_checkout_defaults_to_that_line(two_lines: Layout) -> None:
+    """Commands run in ``.kimi/envs/L/`` take L where they are given no ``--line``: a ``kimi demo`` or ``kimi setup``
+    that L's tests start there lays L.  (2026-12-07: the first whole ``kimi test --line v0.32`` run had its demo and
+    training tests lay the mainline's 0.34.0 over ``.kimi/envs/v0.32``, and the tests after them failed.)"""
+    origin = line_layout(two_lines, "origin")
+    assert origin.own_line == "origin"
+    assert line_layout(origin, "origin") == origin  # not a checkout of its own inside it
+    assert two_lines.own_line == DEFAULT_LINE
+    stray = Layout(root=two_lines.root / ".kimi" / "envs" / "nope", cache=two_lines.cache)
+    assert stray.own_line == DEFAULT_LINE  # a folder there that is no line's
 
 
 def test_install_key_names_the_checkout(tmp_path: Path) -> None:

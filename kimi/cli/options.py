@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from kimi.fork.layout import DEFAULT_LINE, LINE_ENV
+from kimi.fork.layout import Layout
 
 #: ``--from DIR`` of the commands that obtain the pinned release's files.
 FROM_PINNED = "folder holding the pinned files, for sites without a package index"
@@ -30,10 +29,9 @@ def positive_float(text: str) -> float:
 
 
 def add_line(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--line NAME`` (default: the line :data:`~kimi.fork.layout.LINE_ENV` names, else the mainline); ``help`` says
-    what the line is for."""
-    parser.add_argument("--line", default=os.environ.get(LINE_ENV) or DEFAULT_LINE,
-                        help=f"{help} (default: %(default)s; ${LINE_ENV} sets it)")
+    """``--line NAME`` (default: the line this checkout is for, :attr:`~kimi.fork.layout.Layout.own_line`: the
+    mainline but in a line's own checkout); ``help`` says what the line is for."""
+    parser.add_argument("--line", default=Layout.of().own_line, help=f"{help} (default: %(default)s)")
 
 
 def add_from(parser: argparse.ArgumentParser, help: str = FROM_PINNED) -> None:

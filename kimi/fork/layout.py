@@ -16,10 +16,6 @@ from pathlib import Path
 from kimi.errors import KimiError
 
 DEFAULT_LINE = "mainline"
-#: The environment variable naming the line that the commands' ``--line`` defaults to (unset or empty: the
-#: mainline). ``kimi test --line NAME`` sets it for its tests, so that the ``kimi`` commands they start in NAME's
-#: own checkout (``.kimi/envs/NAME/``) lay and serve NAME there, not the mainline over it.
-LINE_ENV = "KIMI_LINE"
 
 
 @dataclass(frozen=True)
@@ -40,6 +36,16 @@ class Layout:
         root = (root or Path(__file__).resolve().parents[2]).resolve()
         cache = os.environ.get("KIMI_CACHE_DIR")
         return cls(root=root, cache=Path(cache).resolve() if cache else root / ".kimi" / "cache")
+
+    @property
+    def own_line(self) -> str:
+        """The line this checkout is for, which the commands' ``--line`` defaults to: ``NAME`` for a line's own
+        checkout ``ROOT/.kimi/envs/NAME/`` (``kimi/devenv.py``: a ``kimi demo`` or ``kimi setup`` that the line's tests
+        start there lays NAME, not the mainline over it), else the mainline."""
+        envs = self.root.parent
+        if envs.name == "envs" and envs.parent.name == ".kimi" and (self.lines / self.root.name / "pin.json").is_file():
+            return self.root.name
+        return DEFAULT_LINE
 
     @property
     def private(self) -> Path:
