@@ -9,24 +9,29 @@ runner asks, before the drafter proposes, how deep to draft:
 - ``depth = min(k, 1 + the most drafts the budget admitted to any one request over the last`` :data:`WINDOW`
   ``steps)``, at most the drafts the scheduler asked for;
 - once the budget has admitted no draft to any request in :data:`WINDOW` verifying steps in a row (steps that
-  verified no draft, a prefill's, do not count), or the last :data:`WINDOW` drafting steps emitted tokens more
-  slowly than steps without drafts do at the same batch sizes (the engine's own step times,
-  :mod:`kimi.spec.payoff`), drafting pauses: the depth is 0 - the drafter runs its one prefill pass without
-  sampling, which keeps its KV cache current (for a drafter of one attention layer, deferred to the next
-  drafter pass and done there in one batch: :mod:`kimi.spec.deferred_kv`), and the runner hands the scheduler
-  no drafts, so the next step decodes as without speculation (no verification, no budget) - except for a
-  probe of depth 1 every
-  :data:`PROBE_EVERY` steps, whose drafts are verified whatever the budget says (the budget reads confidences a
-  step old, which in a pause are all 0, and an estimator that sees no verified draft never learns otherwise);
+  verified no draft, a prefill's, do not count), or drafting loses against steps without drafts at the same
+  batch sizes (the engine's own step times, :mod:`kimi.spec.payoff`) - clearly over the last :data:`WINDOW`
+  drafting steps (a token rate at most :data:`CLEAR_LOSS` times the plain rate) or at all over the last
+  :data:`LONG_WINDOW` (eight steps of drafting that pays on average dip below the plain rate by chance, and a
+  pause costs at least :data:`PROBE_EVERY` steps without drafts) - drafting pauses: the depth is 0 - the drafter
+  runs its one prefill pass without sampling, which keeps its KV cache current (for a drafter of one attention
+  layer, deferred to the next drafter pass and done there in one batch: :mod:`kimi.spec.deferred_kv`), and the
+  runner hands the scheduler no drafts, so the next step decodes as without speculation (no verification, no
+  budget) - except for probes of depth 1, whose drafts are verified whatever the budget says (the budget reads
+  confidences a step old, which in a pause are all 0, and an estimator that sees no verified draft never learns
+  otherwise): the first :data:`PROBE_EVERY` steps into the pause, and each probe whose drafts all failed doubles
+  the wait for the next (up to :data:`MAX_PROBE_EVERY`: a probe's step costs about 1.5 plain steps on the CPU
+  engine, so a prompt the drafter does not know should pay ever fewer of them);
   the pause ends when a probe draft is accepted and the probe step's token rate beats the plain rate by
   :data:`~kimi.spec.payoff.RESUME_MARGIN` (no rate is compared before any plain step was timed; a probe whose
   drafts all failed never ends a pause, however fast its step looked on a noisy machine), and
   drafting resumes at depth 1, the depth the probe measured; a pause that starts within :data:`RELAPSE_STEPS`
-  steps of such a resume doubles the probes' interval (up to :data:`MAX_PROBE_EVERY`: one lucky probe among
+  steps of such a resume starts at twice the last interval (up to :data:`MAX_PROBE_EVERY`: one lucky probe among
   failing drafts costs a window of slow drafting, so its cost is spread over ever longer pauses), any other
-  pause probes every :data:`PROBE_EVERY` steps; once none of the requests the pause started (or last restarted)
-  with is left in the batch, the pause restarts for the requests now there: a probe at once, then every
-  :data:`PROBE_EVERY` steps (the failing drafts that lengthened the interval were other prompts' drafts);
+  pause first probes after :data:`PROBE_EVERY` steps; once none of the requests the pause started (or last
+  restarted) with is left in the batch, the pause restarts for the requests now there: a probe at once, then
+  after :data:`PROBE_EVERY` steps, doubling as before (the failing drafts that lengthened the interval were other
+  prompts' drafts);
 - while drafting, where the batch size's plain-step time is unknown or older than
   :data:`~kimi.spec.payoff.RESAMPLE_EVERY` steps, :data:`SAMPLE_STEPS` steps decode without drafts to time it
   (at most once in :data:`SAMPLE_GAP` steps);
@@ -74,8 +79,13 @@ from kimi.spec.payoff import RESUME_MARGIN, PlainSteps, TimedStep
 #: Steps after warm-up during which the drafter runs all ``k`` passes.
 WARMUP_STEPS = 7
 #: Steps over which the most drafts admitted to one request is taken; as many steps without an admitted draft
-#: start a pause.
+#: start a pause, and as many drafting steps that emit tokens at most :data:`CLEAR_LOSS` times the plain rate.
 WINDOW = 8
+#: Drafting steps over which drafting must pay on average (shorter windows of steps that pay on average dip below
+#: the plain rate by chance: 8 steps of in-domain drafting vary by about 15 %).
+LONG_WINDOW = 24
+#: A window of :data:`WINDOW` drafting steps whose token rate is at most this times the plain rate pauses at once.
+CLEAR_LOSS = 0.8
 #: In a pause, one step in this many drafts (depth 1) to probe whether the budget admits drafts again.
 PROBE_EVERY = 8
 #: The longest interval between probes of a pause that keeps relapsing.
@@ -175,8 +185,8 @@ class DraftDepth:
         self.k = k
         self.counts = counts
         self.admitted: deque[int] = deque(maxlen=WINDOW)
-        #: the timed steps verifying drafts since the last pause, the last :data:`WINDOW` of them
-        self.window: deque[TimedStep] = deque(maxlen=WINDOW)
+        #: the timed steps verifying drafts since the last pause, the last :data:`LONG_WINDOW` of them
+        self.window: deque[TimedStep] = deque(maxlen=LONG_WINDOW)
         self.reset()
 
     def reset(self) -> None:
@@ -213,6 +223,7 @@ class DraftDepth:
                 nothing after a depth of 0, a drafting step's otherwise.
             requests: the ids of the batch's requests (empty: not known, the pause never restarts).
         """
+        probed = self.probing  # this step verified the last step's probe
         self.admitted.append(most_admitted)
         if timed is not None and not verifying and self.depth == 0:
             self.plain.add(timed, self.step)
@@ -228,6 +239,9 @@ class DraftDepth:
                 self.probe_every = self.paused_for = PROBE_EVERY  # their first probe now
                 self.pause_requests = requests
             else:
+                if verifying and probed:  # a probe that did not end the pause: the next one waits twice as long
+                    self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+                    self.paused_for = 0
                 self.paused_for += 1
         else:
             if most_admitted > 0:
@@ -260,11 +274,15 @@ class DraftDepth:
         self.last_sampled = self.step
 
     def _pays(self) -> bool:
-        """Whether the last :data:`WINDOW` drafting steps emitted tokens faster than plain steps would have (True
-        until there are that many, or while their batch sizes' plain times are unknown)."""
+        """Whether drafting goes on: False where the last :data:`WINDOW` drafting steps emitted tokens at most
+        :data:`CLEAR_LOSS` times as fast as plain steps would have, or the last :data:`LONG_WINDOW` ones (once there
+        are that many) no faster; True otherwise, and while their batch sizes' plain times are unknown."""
         if len(self.window) < WINDOW:
             return True
-        return self.plain.beaten_by(self.window) is not False
+        recent = list(self.window)[-WINDOW:]
+        if self.plain.beaten_by(recent, CLEAR_LOSS) is False:
+            return False
+        return len(self.window) < LONG_WINDOW or self.plain.beaten_by(self.window) is not False
 
     def _resumes(self, any_accepted: bool, verifying: bool, timed: TimedStep | None) -> bool:
         """In a pause, whether the step's verdict (a probe's, when verifying) ends it."""

@@ -41,6 +41,9 @@ if installed_line() == "mainline":
     from kimi.spec import depth
     from kimi.spec.adaptive import dense_curve
     from kimi.spec.depth import (
+        CLEAR_LOSS,
+        LONG_WINDOW,
+        MAX_PROBE_EVERY,
         PROBE_EVERY,
         RELAPSE_STEPS,
         SAMPLE_STEPS,
@@ -85,14 +88,19 @@ def test_the_depth_falls_after_the_window_and_climbs_one_step_at_a_time():
     assert [state.plan(K, 1) for _ in range(8)] == [K] * 7 + [2], "warm-up starts again after a reset"
 
 
-def test_a_pause_drafts_nothing_but_probes_every_eighth_step_and_ends_on_an_accepted_draft():
+def test_a_pause_drafts_nothing_but_probes_ever_more_rarely_and_ends_on_an_accepted_draft():
+    """The first probe comes PROBE_EVERY steps into the pause; each probe whose drafts all failed doubles the wait for
+    the next (8, 16, 32, ... up to MAX_PROBE_EVERY): a prompt the drafter does not know pays ever fewer probes."""
     state = DraftDepth(K, PassCounts())
     depths, probing = [], []
-    for _ in range(40):
+    for _ in range(7 + 8 + 16 + 32 + 64 + 128 + 128 + 1):
         depths.append(state.plan(K, 0))
         probing.append(state.probing)
     assert depths[:7] == [K] * 7, "warm-up"
-    assert depths[7:] == ([0] * 7 + [1]) * 4 + [0], "paused from the 8th step without an admitted draft"
+    intervals = [8, 16, 32, 64, 128, 128]
+    assert depths[7:] == [d for n in intervals for d in [0] * (n - 1) + [1]] + [0], \
+        "paused from the 8th step without an admitted draft"
+    assert MAX_PROBE_EVERY == 128
     assert probing == [d == 1 for d in depths], "the depth-1 steps of the pause are its probes"
     assert state.plan(K, 1) == 0, "a probe's draft verified but rejected: the pause goes on"
     assert state.plan(K, 1, any_accepted=True) == 1, "a probe's draft accepted: drafting resumes at its depth"
@@ -149,7 +157,9 @@ def test_plain_steps_are_timed_while_drafting_and_a_slow_window_pauses_until_a_p
     [state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0)) for _ in range(SAMPLE_STEPS)]
     assert not state.paused_for, "drafting at 0.33 tokens a ms pays"
     depths = drafting_then(state, slow, WINDOW)
-    assert depths == [2] * 5 + [0] * 3 and state.paused_for == 3, "6 slow steps tip the window below 0.2"
+    assert depths == [2] * 7 + [0] and state.paused_for == 1, \
+        f"8 steps at 0.15 tokens a ms, at most {CLEAR_LOSS} x 0.2: a clear loss"
+    assert len(state.window) == 0, "the pause starts a new window"
     while not state.probing:
         state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0))
     assert state.plan(K, 1, any_accepted=True, timed=TimedStep(2, 3, 14.5)) == 0, "0.207 a ms: within the margin"
@@ -163,6 +173,20 @@ def test_plain_steps_are_timed_while_drafting_and_a_slow_window_pauses_until_a_p
     assert not state.paused_for and not state.window
     fast = drafting_then(state, TimedStep(2, 5, 15.0), 2 * WINDOW)
     assert 0 not in fast, "drafting that pays neither pauses nor samples again within RESAMPLE_EVERY steps"
+
+
+def test_drafting_that_loses_a_little_pauses_only_once_the_long_window_loses():
+    """Eight steps at 0.94 of the plain rate (in-domain drafting dips that far by chance) do not pause drafting; it
+    pauses once the last LONG_WINDOW drafting steps emit tokens no faster than plain steps: here when fewer than 3 of
+    them are the fast steps of before."""
+    state = DraftDepth(K, PassCounts())
+    drafting_then(state, TimedStep(2, 5, 15.0), depth.WARMUP_STEPS + 1)  # 0.33 tokens a ms
+    [state.plan(K, 0, verifying=False, timed=TimedStep(2, 2, 10.0)) for _ in range(SAMPLE_STEPS)]  # 0.2
+    dip = TimedStep(2, 3, 16.0)  # 0.1875 tokens a ms
+    assert 0 not in drafting_then(state, dip, WINDOW), "a window above CLEAR_LOSS x the plain rate drafts on"
+    assert LONG_WINDOW == 24
+    depths = drafting_then(state, dip, LONG_WINDOW)
+    assert depths.index(0) == 13 and state.paused_for, "the 22nd dip leaves 2 fast steps among the last 24"
 
 
 def test_a_pause_that_relapses_soon_after_a_resume_probes_ever_more_rarely():
@@ -222,7 +246,7 @@ def test_a_pause_restarts_its_probes_once_its_requests_have_all_left():
     while not state.probing:
         state.plan(K, 0, verifying=False, timed=plain, requests=new)
         steps += 1
-    assert steps == PROBE_EVERY
+    assert steps == 2 * PROBE_EVERY, "the failed probe doubled the wait for the next"
     assert state.plan(K, 1, any_accepted=True, timed=lucky, requests=new) == 1 and not state.paused_for
 
 

@@ -776,6 +776,40 @@ def test_acceptance_estimator_accumulate(monkeypatch, shape):
             estimator.step(idx_mapping, num_sampled, num_rejected.to(torch.int32))
 
 
+@pytest.mark.parametrize("slope", [0.7, 1e-4], ids=["slope-0.7", "slope-near-0"])
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=SHAPE_IDS[1:])
+def test_acceptance_estimator_refit(monkeypatch, shape, slope):
+    """A refit after two graded steps, and one on cleared statistics (no count: the intercepts stay).  Over these
+    shapes and slopes the slope's step is taken in some cases and dropped in others (it would make the slope
+    negative: e.g. 32 requests at slope 0.7, a step of -0.82)."""
+    b, estimator, args = estimator_batch(shape, per_token_step=False)
+    estimator.slope.fill_(slope)
+    for step in range(b.num_spec):
+        estimator.predict(args[0], args[1], torch.tensor(step), *args[3:])
+    num_sampled = torch.randint(0, b.num_spec + 2, (b.num_reqs,), generator=b.g, dtype=torch.int32)
+    num_rejected = torch.clamp(b.num_spec + 1 - num_sampled, min=0).to(torch.int32)
+    for _ in range(2):
+        estimator.step(b.idx_mapping, num_sampled, num_rejected)
+    floats = frozenset({"slope_ptr", "intercepts_ptr", "info_ptr", "grad_ptr", "counts_ptr"})
+    with comparing(monkeypatch, f"{AE}._refit_kernel", floats) as compare:
+        estimator._refit()
+        estimator._refit()
+    assert compare.launches == 2
+
+
+def test_a_step_that_verified_no_draft_adds_nothing_to_the_estimator(monkeypatch):
+    """Where no draft was verified the torch accumulate returns at once (a paused step's cost); the statistics stay
+    bit for bit as Triton's kernel leaves them (it adds zeros)."""
+    b, estimator, args = estimator_batch(SHAPES[3], per_token_step=False)
+    for step in range(b.num_spec):
+        estimator.predict(args[0], args[1], torch.tensor(step), *args[3:])
+    estimator.info.fill_(0.25)
+    plain = torch.ones(b.num_reqs, dtype=torch.int32)
+    with comparing(monkeypatch, f"{AE}._accumulate_kernel"):
+        estimator.step(b.idx_mapping, plain, torch.zeros(b.num_reqs, dtype=torch.int32))
+    assert bool((estimator.info == 0.25).all()) and not bool(estimator.counts.any())
+
+
 def test_copies_are_independent():
     """The harness's copies share nothing with the caller's tensors."""
     base = torch.arange(12).view(3, 4)

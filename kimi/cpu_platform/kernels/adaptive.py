@@ -1,6 +1,7 @@
 """Torch versions of adaptive verification's Triton kernels: the draft-token budget
 (``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py``) and the online acceptance estimator's per-step
-kernels (``acceptance_estimator.py``; its refit, once per 100 steps, stays in Triton's interpreter)."""
+kernels (``acceptance_estimator.py``: the per-step ones and the refit, once per 100 steps, which took ~30 ms a call in
+Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -203,9 +204,11 @@ def accumulate(
     if num_reqs <= 0:
         return
     num_steps = info_ptr.shape[0]
-    req = idx_mapping_ptr[:num_reqs].to(torch.int64)
     accepted = (num_sampled_ptr[:num_reqs].to(torch.int64) - 1).clamp_min(0)
     admitted = accepted + num_rejected_ptr[:num_reqs].to(torch.int64)
+    if not bool((admitted > 0).any()):
+        return  # no draft verified (a step without drafts): nothing is observed, every sum below adds 0
+    req = idx_mapping_ptr[:num_reqs].to(torch.int64)
     steps = torch.arange(num_steps)[:, None]
     feature = features_ptr[req, :num_steps].to(torch.float32).T
     pred = pred_ptr[req, :num_steps].to(torch.float32).T
@@ -221,9 +224,54 @@ def accumulate(
     counts_ptr += observed.to(torch.float32).sum(dim=1)
 
 
+def refit(
+    slope_ptr: torch.Tensor,
+    intercepts_ptr: torch.Tensor,
+    info_ptr: torch.Tensor,
+    info_row_stride: int,
+    grad_ptr: torch.Tensor,
+    grad_row_stride: int,
+    counts_ptr: torch.Tensor,
+    NUM_SPECULATIVE_STEPS: int,
+    L2: float,
+    DAMPING: float,
+    BLOCK: int,
+    **launch_options,
+) -> None:
+    """One damped Newton step of the estimator's logistic fit from the statistics :func:`accumulate` gathered, then
+    those statistics cleared.
+
+    The system is upstream's arrowhead one, ``(X^T W X + L2 I) d = X^T r`` over the shared slope ``w`` (``[1]``) and
+    the per-position intercepts (``[K]``), solved by eliminating the intercepts: ``dw = (g0 - sum(b g1 / c)) /
+    (a - sum(b^2 / c))``, damped by ``n / (n + DAMPING)`` over all positions' counts, dropped if NaN or if it would
+    make ``w`` negative; ``db_k = (g1_k - b_k dw) / c_k``, damped by position k's count, dropped if NaN.  ``info``
+    ``[K, 3]`` holds ``a_k, b_k, c_k`` (``a = sum a_k + L2``, ``c_k`` + L2), ``grad`` ``[K, 2]`` ``g0_k, g1_k``,
+    ``counts`` ``[K]``; float32 throughout.  Replaces
+    ``vllm.v1.worker.gpu.spec_decode.acceptance_estimator._refit_kernel``.
+    """
+    k = NUM_SPECULATIVE_STEPS
+    info, grad, n = info_ptr[:k].to(torch.float32), grad_ptr[:k].to(torch.float32), counts_ptr[:k].to(torch.float32)
+    a_k, b_k, c_k = info[:, 0], info[:, 1], info[:, 2] + L2
+    g0, g1_k = grad[:, 0].sum(), grad[:, 1]
+    a = a_k.sum() + L2
+    w = slope_ptr.view(-1)[0].to(torch.float32)
+    step_w = (g0 - (b_k * g1_k / c_k).sum()) / (a - (b_k * b_k / c_k).sum())
+    total_n = n.sum()
+    step_w = step_w * (total_n / (total_n + DAMPING))
+    step_w = torch.where((step_w == step_w) & (w + step_w >= 0.0), step_w, torch.zeros_like(step_w))
+    step_bias = (g1_k - b_k * step_w) / c_k * (n / (n + DAMPING))
+    step_bias = torch.where(step_bias == step_bias, step_bias, torch.zeros_like(step_bias))
+    slope_ptr.view(-1)[0] = w + step_w
+    intercepts_ptr[:k] += step_bias.to(intercepts_ptr.dtype)
+    info_ptr[:k] = 0.0
+    grad_ptr[:k] = 0.0
+    counts_ptr[:k] = 0.0
+
+
 OVERRIDES = {
     f"{_UP}._assign_draft_token_budget_kernel": assign_draft_token_budget,
     f"{_EST}._local_max_sumexp_kernel": local_max_sumexp,
     f"{_EST}._predict_kernel": predict,
     f"{_EST}._accumulate_kernel": accumulate,
+    f"{_EST}._refit_kernel": refit,
 }
