@@ -57,14 +57,21 @@ def measure(target: str, drafter: str | None, k: int, prompt_ids: list[list[int]
 
 
 def parse_model(text: str) -> tuple[str, str, str]:
-    """``NAME=TARGET:DRAFTER`` -> ``(name, target, drafter)`` (absolute folders, each with a ``config.json``)."""
+    """``NAME=TARGET:DRAFTER`` -> ``(name, target, drafter)`` (absolute folders, each with a ``config.json``); a
+    folder may hold ``:`` itself: the split is the one ``:`` whose two sides both hold a ``config.json``."""
     name, sep, folders = text.partition("=")
-    target, colon, drafter = folders.partition(":")
-    if not sep or not colon or not name or not target or not drafter:
+    splits = [(folders[:i], folders[i + 1:]) for i, char in enumerate(folders) if char == ":"]
+    splits = [(target, drafter) for target, drafter in splits if target and drafter]
+    if not sep or not name or not splits:
         raise argparse.ArgumentTypeError(f"--model wants NAME=TARGET:DRAFTER, not {text!r}")
-    for folder in (target, drafter):
-        if not (Path(folder) / "config.json").is_file():
-            raise argparse.ArgumentTypeError(f"--model {name}: no config.json in {folder}")
+    found = [pair for pair in splits if all((Path(folder) / "config.json").is_file() for folder in pair)]
+    if not found:
+        missing = [folder for folder in splits[-1] if not (Path(folder) / "config.json").is_file()]
+        raise argparse.ArgumentTypeError(f"--model {name}: no config.json in {' or '.join(missing)}")
+    if len(found) > 1:
+        raise argparse.ArgumentTypeError(f"--model {name}: {folders!r} splits into target and drafter more than "
+                                         "one way; use folders without ':'")
+    target, drafter = found[0]
     return name, str(Path(target).resolve()), str(Path(drafter).resolve())
 
 

@@ -104,7 +104,7 @@ def line_layout(layout: Layout, line: str) -> Layout:
     layout.line_dir(line)
     if line == layout.own_line:
         return layout
-    dest = layout.private / "envs" / line
+    dest = layout.line_env(line)
     dest.mkdir(parents=True, exist_ok=True)
     for name in _own_entries(layout.root):
         source, target = layout.root / name, dest / name

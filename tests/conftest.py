@@ -22,10 +22,13 @@ from pathlib import Path
 import pytest
 
 from kimi.fork.checkout import commit_all
-from kimi.fork.layout import DEFAULT_LINE
+from kimi.fork.layout import DEFAULT_LINE, Layout
 from kimi.fork.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The pin of the line this checkout is for: the mainline's, but in a line's own checkout ``.kimi/envs/<line>/``
+#: (``kimi test --line <line>``), whose ``kimi/`` is the mainline's copy and whose laid tree is the line's.
+OWN_PIN = Layout.of(ROOT).line_dir(Layout.of(ROOT).own_line) / "pin.json"
 
 
 def load_benchmark(name: str):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import OWN_PIN
 from kimi.errors import KimiError
 from kimi.kernels import build as fork_build
 from kimi.kernels import build_plan as bp
@@ -238,7 +239,7 @@ SDIST_026 = ROOT / ".kimi" / "cache" / "vllm-0.26.0.tar.gz"
 
 
 def _pinned_version() -> str:
-    return json.loads((ROOT / "kimi" / "lines" / "mainline" / "pin.json").read_text())["version"]
+    return json.loads(OWN_PIN.read_text())["version"]
 
 
 def _sdist_tree(sdist: Path, dest: Path) -> Path:
@@ -281,8 +282,8 @@ def _check_release(root: Path, release: str) -> None:
 
 @pytest.mark.skipif(not (ROOT / "CMakeLists.txt").is_file(), reason="the vLLM tree is not laid (`kimi sync`)")
 def test_real_tree_sm100_group_and_sources():
-    """The laid tree (the mainline's pinned release): its sm_100-only units of _C_stable_libtorch, every
-    *_SRC_DIR known, what the tree makes each source need, its GCC checks."""
+    """The laid tree (the pinned release of the line this checkout is for): its sm_100-only units of
+    _C_stable_libtorch, every *_SRC_DIR known, what the tree makes each source need, its GCC checks."""
     _check_release(ROOT, _pinned_version())
 
 

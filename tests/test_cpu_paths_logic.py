@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
+from conftest import load_benchmark
 from kimi_lab.bench.cpu_paths import summarize
 
 
@@ -31,3 +36,20 @@ def test_each_model_is_compared_with_its_own_baseline_path_and_its_own_tokens() 
     assert rows["mla", "torch", "eagle3"]["lossless"] is False
     assert rows["mla", "torch", "eagle3"]["same_as_baseline"] is False
     assert rows["pair", "torch", "nospec"]["same_as_baseline"] is True
+
+
+def _model_folder(path) -> str:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return str(path)
+
+
+def test_model_folders_may_hold_a_colon(tmp_path) -> None:
+    parse_model = load_benchmark("cpu_paths").parse_model
+    target = _model_folder(tmp_path / "run:1" / "target")
+    drafter = _model_folder(tmp_path / "run:1" / "drafter")
+    assert parse_model(f"m={target}:{drafter}") == ("m", target, drafter)
+    with pytest.raises(argparse.ArgumentTypeError, match=f"no config.json in {tmp_path / 'none'}$"):
+        parse_model(f"m={target}:{tmp_path / 'none'}")
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=TARGET:DRAFTER"):
+        parse_model(f"m={tmp_path / 'plain'}")

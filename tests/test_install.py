@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import OWN_PIN, ROOT
 from kimi.fork.checkout import fresh_copy
 from kimi.fork.kernels_mode import kernels_mode
 from kimi.fork.layout import Layout
 from kimi.fork.pin import load_pin
 
 pytestmark = pytest.mark.install
-PIN = load_pin(ROOT / "kimi" / "lines" / "mainline" / "pin.json")
+PIN = load_pin(OWN_PIN)
 BIN = Path(sys.executable).parent
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from kimi.fork.layout import Layout
@@ -28,10 +29,15 @@ def positive_float(text: str) -> float:
     return value
 
 
+@functools.cache
+def _own_line() -> str:
+    return Layout.of().own_line
+
+
 def add_line(parser: argparse.ArgumentParser, help: str) -> None:
     """``--line NAME`` (default: the line this checkout is for, :attr:`~kimi.fork.layout.Layout.own_line`: the
     mainline but in a line's own checkout); ``help`` says what the line is for."""
-    parser.add_argument("--line", default=Layout.of().own_line, help=f"{help} (default: %(default)s)")
+    parser.add_argument("--line", default=_own_line(), help=f"{help} (default: %(default)s)")
 
 
 def add_from(parser: argparse.ArgumentParser, help: str = FROM_PINNED) -> None:

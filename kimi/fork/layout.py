@@ -40,12 +40,17 @@ class Layout:
     @property
     def own_line(self) -> str:
         """The line this checkout is for, which the commands' ``--line`` defaults to: ``NAME`` for a line's own
-        checkout ``ROOT/.kimi/envs/NAME/`` (``kimi/devenv.py``: a ``kimi demo`` or ``kimi setup`` that the line's tests
-        start there lays NAME, not the mainline over it), else the mainline."""
-        envs = self.root.parent
-        if envs.name == "envs" and envs.parent.name == ".kimi" and (self.lines / self.root.name / "pin.json").is_file():
-            return self.root.name
-        return DEFAULT_LINE
+        checkout (:meth:`line_env` of the checkout three folders up; ``kimi/devenv.py``: a ``kimi demo`` or ``kimi
+        setup`` that the line's tests start there lays NAME, not the mainline over it), else the mainline."""
+        name = self.root.name
+        outer = self.root.parents[2] if len(self.root.parents) > 2 else None
+        own = outer is not None and Layout(outer, self.cache).line_env(name) == self.root
+        return name if own and (self.lines / name / "pin.json").is_file() else DEFAULT_LINE
+
+    def line_env(self, line: str) -> Path:
+        """``.kimi/envs/<line>/``: the own checkout where ``line`` is laid and installed when this one is not for
+        it (``kimi/devenv.py``)."""
+        return self.private / "envs" / line
 
     @property
     def private(self) -> Path:
