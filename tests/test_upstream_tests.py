@@ -5,6 +5,7 @@ JUnit outcomes, the pristine/patched comparison, and a run on a synthetic releas
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -100,6 +101,7 @@ def test_compare_sorts_each_test() -> None:
 
 _UPSTREAM_TEST = """
 import importlib.util
+import os
 from pathlib import Path
 
 TEXT = Path(importlib.util.find_spec("vllm.config.speculative").origin).read_text()
@@ -186,3 +188,25 @@ def test_cli_lists_the_choice(fork: Fork) -> None:
     assert listed.stdout == "tests/config/test_speculative.py: vllm.config.speculative\n"
     bad = fork.kimi("upstream-tests", "--timeout", "0")
     assert bad.returncode == 2 and "must be a positive integer" in bad.stderr
+
+
+def test_a_library_the_venv_lacks_is_stood_in_so_modules_importing_it_load(tmp_path: Path) -> None:
+    """Upstream's PP aux-states tests import vLLM's MiniMax-M3 processor, which imports torchvision at load; without
+    the stand-in both runs were collection errors ("No module named 'torchvision'")."""
+    import subprocess
+    import sys
+
+    from kimi.fork.upstream_tests import standins
+
+    module = tmp_path / "uses_vision.py"
+    module.write_text("from torchvision.transforms import InterpolationMode\n"
+                      "import torchvision.transforms.functional as F\n"
+                      "RESAMPLE = InterpolationMode.BICUBIC\n")
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} -S -c 'import sys; sys.exit(1)'\n")
+    fake_python.chmod(0o755)
+    assert standins.needed(fake_python) == ["torchvision"], "an interpreter that cannot import it needs it"
+    env = {"PYTHONPATH": f"{standins.FOLDER}{os.pathsep}{tmp_path}", "PATH": os.environ["PATH"]}
+    loaded = subprocess.run([sys.executable, "-c", "import uses_vision; print(uses_vision.RESAMPLE.__name__)"],
+                            env=env, capture_output=True, text=True)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "InterpolationMode.BICUBIC", loaded.stderr

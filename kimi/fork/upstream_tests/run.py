@@ -31,6 +31,7 @@ from kimi.fork.revert import reverted
 from kimi.fork.state import SyncState
 from kimi.fork.sync import check_no_unrefreshed_edits
 from kimi.fork.tree import extract_sdist
+from kimi.fork.upstream_tests import standins
 from kimi.fork.upstream_tests.report import report_dir, write_report
 from kimi.fork.upstream_tests.results import Outcome, compare, read_junit
 from kimi.fork.upstream_tests.selection import select_tests, touched_modules
@@ -141,6 +142,11 @@ def upstream_tests(layout: Layout, python: Path | None, only: list[str] | None =
     say(f"{len(selected)} upstream test files of vllm {version} name the {len(touched)} modules the series changes; "
         f"each runs patched, then pristine (up to {timeout} s a file)")
     env = {"TRITON_INTERPRET": "1", **os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    missing = standins.needed(python)
+    if missing:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(standins.FOLDER), env.get("PYTHONPATH")) if p)
+        say(f"{', '.join(missing)}: not importable by {python}; a stand-in ({standins.FOLDER}) lets test modules "
+            "that import it at load be collected, alike patched and pristine")
     files = list(selected)
     patched, patched_runs = _run_all(python, where, files, "patched", timeout, env)
     with reverted(layout.root, series) as swapped:
