@@ -59,14 +59,17 @@ def measure(target: str, drafter: str | None, k: int, prompt_ids: list[list[int]
 def parse_model(text: str) -> tuple[str, str, str]:
     """``NAME=TARGET:DRAFTER`` -> ``(name, target, drafter)`` (absolute folders, each with a ``config.json``); a
     folder may hold ``:`` itself: the split is the one ``:`` whose two sides both hold a ``config.json``."""
+    def has_config(folder: str) -> bool:
+        return (Path(folder) / "config.json").is_file()
+
     name, sep, folders = text.partition("=")
     splits = [(folders[:i], folders[i + 1:]) for i, char in enumerate(folders) if char == ":"]
     splits = [(target, drafter) for target, drafter in splits if target and drafter]
     if not sep or not name or not splits:
         raise argparse.ArgumentTypeError(f"--model wants NAME=TARGET:DRAFTER, not {text!r}")
-    found = [pair for pair in splits if all((Path(folder) / "config.json").is_file() for folder in pair)]
+    found = [pair for pair in splits if all(map(has_config, pair))]
     if not found:
-        missing = [folder for folder in splits[-1] if not (Path(folder) / "config.json").is_file()]
+        missing = [folder for folder in splits[-1] if not has_config(folder)]
         raise argparse.ArgumentTypeError(f"--model {name}: no config.json in {' or '.join(missing)}")
     if len(found) > 1:
         raise argparse.ArgumentTypeError(f"--model {name}: {folders!r} splits into target and drafter more than "

@@ -28,7 +28,8 @@ from kimi.fork.pin import load_pin
 ROOT = Path(__file__).resolve().parents[1]
 #: The pin of the line this checkout is for: the mainline's, but in a line's own checkout ``.kimi/envs/<line>/``
 #: (``kimi test --line <line>``), whose ``kimi/`` is the mainline's copy and whose laid tree is the line's.
-OWN_PIN = Layout.of(ROOT).line_dir(Layout.of(ROOT).own_line) / "pin.json"
+_LAYOUT = Layout.of(ROOT)
+OWN_PIN = _LAYOUT.line_dir(_LAYOUT.own_line) / "pin.json"
 
 
 def load_benchmark(name: str):

@@ -101,7 +101,6 @@ def test_compare_sorts_each_test() -> None:
 
 _UPSTREAM_TEST = """
 import importlib.util
-import os
 from pathlib import Path
 
 TEXT = Path(importlib.util.find_spec("vllm.config.speculative").origin).read_text()
@@ -194,7 +193,6 @@ def test_a_library_the_venv_lacks_is_stood_in_so_modules_importing_it_load(tmp_p
     """Upstream's PP aux-states tests import vLLM's MiniMax-M3 processor, which imports torchvision at load; without
     the stand-in both runs were collection errors ("No module named 'torchvision'")."""
     import subprocess
-    import sys
 
     from kimi.fork.upstream_tests import standins
 

@@ -86,9 +86,10 @@ WINDOW = 8
 LONG_WINDOW = 24
 #: A window of :data:`WINDOW` drafting steps whose token rate is at most this times the plain rate pauses at once.
 CLEAR_LOSS = 0.8
-#: In a pause, one step in this many drafts (depth 1) to probe whether the budget admits drafts again.
+#: In a pause, the steps before its first probe (a step of depth 1 whose drafts are verified whatever the budget
+#: says); after each probe whose drafts all failed the wait doubles.
 PROBE_EVERY = 8
-#: The longest interval between probes of a pause that keeps relapsing.
+#: The longest interval between probes of a pause whose probes keep failing or that keeps relapsing.
 MAX_PROBE_EVERY = 128
 #: A pause that starts within this many steps of the last resume is a relapse.
 RELAPSE_STEPS = 2 * WINDOW
