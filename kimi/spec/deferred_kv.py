@@ -11,11 +11,11 @@ one forward pass with no attention metadata: the attention layers write the keys
 and attend to nothing (vLLM's attention backends return early without metadata, as in a profile run).
 
 A step is deferred only where its pass would have read nothing but one decoded token per request: no prefill
-in the batch, no draft verified, one token per request, the same requests as the rows kept so far.  Any other
-step first writes what was kept and then runs the drafter as before.  Writing before the first step whose
-requests differ keeps the kept slots valid: a request that left the batch (finished or preempted) had its
-blocks freed at most one scheduling step earlier, and whatever request now owns them writes its drafter keys
-and values there only after, in that step's drafter pass or later.
+in the batch, no draft verified (drafts may have been scheduled: a pause's probe whose drafts the budget or the
+draft back-off dropped), one token per request, the same requests as the rows kept so far, and drafts asked for
+(a step asked for none is its requests' last, or has speculation off: its pass runs, so no finished request's
+last keys and values wait for a later batch).  Any other step first writes what was kept and then runs the drafter
+as before.
 
 Reached through :func:`kimi.spec.depth.keep_for_later` (patch ``eagle3-adaptive-draft-depth``).
 """
@@ -60,11 +60,12 @@ class DeferredKV:
         self.rows = 0
 
     def fits(self, input_batch: Any, layer: str, slot_mappings: dict[str, torch.Tensor]) -> bool:
-        """Whether the step of ``input_batch`` reads only one decoded token per request, of the kept requests
-        (any, when nothing is kept), and its drafter layer's slots are known."""
+        """Whether the step of ``input_batch`` read one decoded token per request (no prefill, no draft verified,
+        though some may have been scheduled), of the kept requests (any, when nothing is kept), and its drafter
+        layer's slots are known."""
         num_reqs = input_batch.num_reqs
-        return (num_reqs > 0 and not input_batch.has_prefill and input_batch.num_draft_tokens_per_req is None
-                and input_batch.num_tokens == num_reqs and layer in slot_mappings
+        return (num_reqs > 0 and not input_batch.has_prefill and input_batch.num_tokens == num_reqs
+                and layer in slot_mappings
                 and (not self.rows or tuple(input_batch.req_ids[:num_reqs]) == self.req_ids))
 
     def keep(self, input_batch: Any, last_sampled: torch.Tensor, aux_hidden_states: list[torch.Tensor],
@@ -108,8 +109,9 @@ def keep_for_later(runner: Any, state: Any, input_batch: Any, depth: int,
 
     Args:
         runner: vLLM's ``GPUModelRunner``.
-        state: the runner's :class:`kimi.spec.depth.DraftDepth` (its ``deferred`` holds the rows; its ``clock``
-            moves forward by the time spent writing, which belongs to the pause, not to the next step).
+        state: the runner's :class:`kimi.spec.depth.DraftDepth` (its ``deferred`` holds the rows; its
+            ``drafts_asked`` tells whether the step asked for drafts; its ``clock`` moves forward by the time spent
+            writing, which belongs to the pause, not to the next step).
         depth: the step's drafter passes.
         aux_hidden_states: the target's aux hidden states of the step.
         slot_mappings: the step's slot mapping per attention layer.
@@ -119,7 +121,7 @@ def keep_for_later(runner: Any, state: Any, input_batch: Any, depth: int,
         return None
     kept: DeferredKV = state.deferred
     (layer,) = speculator.draft_attn_layer_names
-    if depth == 0 and kept.fits(input_batch, layer, slot_mappings):
+    if depth == 0 and state.drafts_asked and kept.fits(input_batch, layer, slot_mappings):
         if kept.rows + input_batch.num_reqs > min(MAX_ROWS, speculator.max_num_tokens):
             _write(kept, speculator, layer, state)
         kept.keep(input_batch, runner.req_states.last_sampled_tokens, aux_hidden_states, slot_mappings[layer])

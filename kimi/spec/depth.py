@@ -202,6 +202,9 @@ class DraftDepth:
         self.resumed_at = -RELAPSE_STEPS - 1
         self.probe_every = PROBE_EVERY
         self.probing = False
+        #: whether the scheduler asked for drafts at the last step (False at its requests' last step; read by
+        #: :mod:`deferred_kv`)
+        self.drafts_asked = False
         #: the batch's requests when the pause started or last restarted
         self.pause_requests: frozenset[str] = frozenset()
         self.deferred = deferred_kv.DeferredKV()
@@ -225,6 +228,7 @@ class DraftDepth:
             requests: the ids of the batch's requests (empty: not known, the pause never restarts).
         """
         probed = self.probing  # this step verified the last step's probe
+        self.drafts_asked = asked > 0
         self.admitted.append(most_admitted)
         if timed is not None and not verifying and self.depth == 0:
             self.plain.add(timed, self.step)
@@ -325,19 +329,21 @@ def positive_slots(confidences: torch.Tensor, scheduled: np.ndarray) -> int:
     """Scheduled draft slots whose survival probability is positive.
 
     Args:
-        confidences: ``[num_reqs, k]`` float32, per-position confidences of the batch's requests.
+        confidences: ``[num_reqs, k]`` float32, per-position confidences of the batch's requests (host tensor:
+            the rule runs on the CPU platform only).
         scheduled: ``[num_reqs]`` int, drafts scheduled per request.
 
     Returns:
         The number of (request, position) slots with position < scheduled and a positive running product of
         confidences, multiplied in float32 position by position as the budget kernel does.
     """
-    running = torch.ones(confidences.shape[0], dtype=torch.float32)
-    alive = torch.zeros(confidences.shape, dtype=torch.bool)
-    for position in range(confidences.shape[1]):
-        running = running * confidences[:, position].to(torch.float32).cpu()
+    probs = confidences.detach().to(torch.float32).cpu().numpy()
+    running = np.ones(probs.shape[0], dtype=np.float32)
+    alive = np.zeros(probs.shape, dtype=bool)
+    for position in range(probs.shape[1]):
+        running = running * probs[:, position]
         alive[:, position] = running > 0
-    eligible = torch.arange(confidences.shape[1])[None, :] < torch.as_tensor(scheduled)[:, None]
+    eligible = np.arange(probs.shape[1])[None, :] < np.asarray(scheduled)[:, None]
     return int((alive & eligible).sum())
 
 

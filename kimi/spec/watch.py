@@ -156,26 +156,26 @@ class VerificationWatch:
         slots = input_batch.idx_mapping[:num_reqs]
         self._take_slots(list(input_batch.req_ids[:num_reqs]), input_batch.idx_mapping_np[:num_reqs])
         verifying = input_batch.num_draft_tokens_per_req is not None
-        zero = torch.zeros(1, dtype=torch.float32, device=self.device)
-        pauses = probes = zero
         if verifying:
             admitted, accepted = verdict(num_sampled[:num_reqs], num_rejected[:num_reqs])
             sums = self.tracker.observe(slots, admitted, accepted, budget_confidences[slots])
             if self.backoff is not None:
                 started, probed = self.backoff.update(step, slots, admitted, accepted)
-                pauses, probes = started.sum(0, keepdim=True), probed.sum(0, keepdim=True)
-        paused = zero
         if self.backoff is not None:
             withheld = self.backoff.paused_next(step, slots)
             new_confidences[:num_reqs].masked_fill_(withheld[:, None], 0.0)
+        if not verifying:
+            return  # nothing verified: nothing to count (the back-off only withholds the new drafts)
+        paused = pauses = probes = torch.zeros(1, dtype=torch.float32, device=self.device)
+        if self.backoff is not None:
             paused = withheld.sum(0, keepdim=True)
-        if verifying:
-            values = torch.cat([paused.float(), pauses.float(), probes.float(), sums.verified, sums.estimated,
-                                sums.observed])
-            self.copy.push(values, float(input_batch.num_draft_tokens))
-            if self.pending is not None:
-                setattr(output, OUTPUT_ATTR, self.pending.as_dict())
-                self.pending = None
+            pauses, probes = started.sum(0, keepdim=True), probed.sum(0, keepdim=True)
+        values = torch.cat([paused.float(), pauses.float(), probes.float(), sums.verified, sums.estimated,
+                            sums.observed])
+        self.copy.push(values, float(input_batch.num_draft_tokens))
+        if self.pending is not None:
+            setattr(output, OUTPUT_ATTR, self.pending.as_dict())
+            self.pending = None
 
 
 def watch_of(model_runner: Any) -> VerificationWatch:

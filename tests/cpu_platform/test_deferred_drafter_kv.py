@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.line("mainline"), pytest.mark.long_file]
 ENGINE = """
     import json, sys
     import torch
-    from engine_script import price_verification
+    from engine_script import price_verification, wrong_drafter
     import kimi.spec.deferred_kv
     import kimi.spec.depth
     from kimi.e2e.engine import SPEC_METRICS, spec_metrics, tokenize, vllm_greedy
@@ -33,8 +33,10 @@ ENGINE = """
     from kimi.models.prompts import code_prompts
     from vllm import LLM, SamplingParams
 
+    probes = {probes}  # steps of the pause that draft (their drafts are scheduled at the next step)
+
     def forced(k, asked, step, admitted_recently, paused_for=0, sampling=False, probe_every=8):
-        return 0 if asked <= 0 or 10 <= step < 40 else asked
+        return 0 if asked <= 0 or (10 <= step < 40 and step not in probes) else asked
     kimi.spec.depth.depth_rule = forced
     # no pause of the rule's own: its timed verdict (drafting slower than plain steps) varies with the machine's
     # load and would make the probe's budget, so the drafts verified and the rejected drafts' keys and values
@@ -56,11 +58,15 @@ ENGINE = """
         found = spec_metrics(llm.get_metrics())
         return {{key: found[key] for key in SPEC_METRICS.values()}}
 
-    target = "{target}"
+    target, drafter = "{target}", "{drafter}"
+    if {rejected}:  # every draft rejected: the draft back-off withholds the failing requests' drafts
+        import tempfile
+        from pathlib import Path
+        drafter = str(wrong_drafter(Path(drafter), Path(tempfile.mkdtemp()) / "drafter"))
     ids = tokenize(target, code_prompts(2))
     engine = {{**CPU_EAGER, "max_num_seqs": 2}}
     plain = vllm_greedy(target, ids, {tokens}, None, **engine).tokens
-    spec = {{"method": "eagle3", "model": "{drafter}", "num_speculative_tokens": 3,
+    spec = {{"method": "eagle3", "model": drafter, "num_speculative_tokens": 3,
              "enable_adaptive_verification": True}}
     keeps, writes = kimi.spec.deferred_kv.defers, kimi.spec.deferred_kv.DeferredKV.write
     found, kv = {{}}, {{}}
@@ -76,8 +82,8 @@ ENGINE = """
         kv[variant] = llm.collective_rpc(drafter_kv)[0]
         counts = kimi.spec.depth.COUNTS
         found[variant] = {{"same": [list(o.outputs[0].token_ids) for o in outputs] == plain,
-                           "deferred": counts.deferred, "catch_ups": counts.catch_ups, "passes": counts.passes,
-                           "steps": counts.steps, "counters": vllm_counters(llm)}}
+                           "deferred": counts.deferred, "paused": counts.paused, "catch_ups": counts.catch_ups,
+                           "passes": counts.passes, "steps": counts.steps, "counters": vllm_counters(llm)}}
         llm.llm_engine.engine_core.shutdown()
         del llm
     for variant in ("deferred", "never written"):
@@ -105,7 +111,8 @@ def test_deferred_passes_write_the_keys_and_values_every_paused_pass_wrote(style
     else:
         models = request.getfixturevalue("reference")
         target, drafter = models / "target", models / "drafter-mla"
-    found = run_engine_script(textwrap.dedent(ENGINE.format(target=target, drafter=drafter, tokens=64)))
+    script = ENGINE.format(target=target, drafter=drafter, tokens=64, probes="()", rejected=False)
+    found = run_engine_script(textwrap.dedent(script))
     deferred, every, holes = found["deferred"], found["every step"], found["never written"]
     assert deferred["same"] and every["same"] and holes["same"], found
     assert every["deferred"] == 0 and every["catch_ups"] == 0, found
@@ -163,3 +170,20 @@ def test_tensor_parallel_ranks_pause_and_write_deferred_passes_in_step():
     assert first == second and first["deferred"] > 0 and first["catch_ups"] > 0, found
     counters = found["counters"]
     assert counters["num_accepted_tokens"] == 0 and counters["num_drafts"] < 2 * 47 / 3, counters
+
+
+def test_the_steps_after_dropped_probes_defer_their_passes_too():
+    """The shipped pair with its drafter's ``lm_head`` rolled (every draft rejected, so the draft back-off soon
+    withholds every request's drafts), 2 code prompts x 64 tokens, a pause from step 10 to 39 in which steps 12, 20,
+    28 and 36 draft (probes): the probes' drafts are scheduled and dropped unverified, and the steps that scheduled
+    them defer their passes like every other paused step (before, a step that scheduled drafts ran its pass); the
+    drafter's KV cache after the run equals the one its pass in every paused step wrote."""
+    script = ENGINE.format(target=PAIR / "target", drafter=PAIR / "drafter", tokens=64, probes="(12, 20, 28, 36)",
+                           rejected=True)
+    found = run_engine_script(textwrap.dedent(script))
+    deferred, every = found["deferred"], found["every step"]
+    assert deferred["same"] and every["same"], found
+    assert deferred["counters"]["num_accepted_tokens"] == 0, found
+    assert deferred["deferred"] == deferred["paused"] == 26, found
+    assert deferred["max_diff"] <= 1e-4 * found["scale"], found
+    assert deferred["counters"] == every["counters"], "the same drafts after the pause"
