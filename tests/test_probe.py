@@ -60,6 +60,27 @@ def test_probe_tells_needed_from_candidate_and_restores_the_tree(fork: Fork) -> 
     assert "| 0002-change-line-30 | candidate | tests/probe_t.py::test_fixed_upstream | 1 passed | 1 passed |" in report
 
 
+def test_a_patch_a_later_one_builds_on_comes_out_with_it(fork: Fork) -> None:
+    """0001 changes line 10 and 0002 line 12, its hunk's context holding 0001's line: 0001's hunk does not come out
+    of the laid tree alone, so the probe takes 0002 out first, runs 0001's test without both and says so; the tree is
+    back byte for byte afterwards."""
+    name, text = speculative_patch(1, 10, "line 10 patched")
+    fork.add_patch(name, _with_check(text, "test_needed"))
+    context = ["line 9", "line 10 patched", "line 11", "line 13", "line 14", "line 15"]
+    fork.add_patch("0002-build-on-line-10.patch",
+                   patch_text("0002-build-on-line-10", SPEC, "line 12", "line 12 patched", 12, context))
+    (fork.root / "tests").mkdir()
+    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
+    fork.commit("two patches, the second on the first's context")
+    assert fork.sync().returncode == 0, "sync"
+    laid = (fork.root / SPEC).read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(fork.root)}
+    (result,) = probe(Layout.of(fork.root), Path(sys.executable), env, ["0001"])
+    assert result.outcome == "needed" and result.without_patch == {"failed": 1}, result
+    assert "taken out with 0002-build-on-line-10" in result.note, result
+    assert (fork.root / SPEC).read_bytes() == laid
+
+
 def test_pytest_counts_reads_the_closing_line() -> None:
     assert pytest_counts("...\n2 failed, 3 passed, 1 skipped, 1 error in 2.1s\n") == \
         {"failed": 2, "passed": 3, "skipped": 1, "error": 1}

@@ -5,7 +5,9 @@ the patch still applies).  The tests a patch header names can: for each patch wh
 ``vllm/`` (build-time patches are not probed: without them the install itself changes), the patch's hunks
 are taken out of the laid tree - the tree the editable install of ``.venv`` runs - its tests
 (``Absorbed-check``, else the ``tests/...`` entries of ``Tests``) are run, and the files are put back
-byte for byte (also on an error or Ctrl-C).  Outcomes:
+byte for byte (also on an error or Ctrl-C).  Where a patch's hunks do not come out alone because a later patch
+changed their context, the later patches touching its files come out with it (first), and the note names them:
+its tests then run without all of them.  Outcomes:
 
 * ``needed``    - the tests fail without the patch: the fork still fixes something the release does not;
 * ``candidate`` - they pass without it: a candidate for absorption (read the release's change, then mark the
@@ -34,6 +36,7 @@ from kimi.fork.layout import Layout
 from kimi.fork.patches import Patch, load_series
 from kimi.fork.pin import line_pin
 from kimi.fork.revert import reverted
+from kimi.fork.unidiff import HunkFailed
 from kimi.fork.upstream_tests.report import load_summary, summary_markdown
 from kimi.log import say
 
@@ -72,6 +75,27 @@ def _run(python: Path, root: Path, tests: list[str], env: dict[str, str]) -> dic
     proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=root, env=env,
                           capture_output=True, text=True)
     return pytest_counts(proc.stdout + proc.stderr)
+
+
+def _run_without(root: Path, series: list[Patch], patch: Patch, python: Path, tests: list[str], env: dict[str, str]
+                 ) -> tuple[dict[str, int], list[str]]:
+    """pytest's counts of ``tests`` with ``patch``'s hunks out of the laid tree under ``root``, and the names of
+    the later patches taken out with it: none, or, where its hunks do not come out alone (a later patch of
+    ``series`` changed their context), every later patch touching one of its files.
+
+    Raises:
+        KimiError: the hunks do not come out with the later patches either (or are not in the laid tree).
+    """
+    try:
+        with reverted(root, [patch]):
+            return _run(python, root, tests, env), []
+    except HunkFailed:
+        later = [p for p in series[series.index(patch) + 1:] if set(p.files()) & set(patch.files())]
+        if not later:
+            raise
+    say(f"probe {patch.name}: its hunks come out only after {', '.join(p.name for p in later)}'s")
+    with reverted(root, [patch, *later]):
+        return _run(python, root, tests, env), [p.name for p in later]
 
 
 def _judge(with_patch: dict[str, int], without: dict[str, int]) -> tuple[str, str]:
@@ -115,9 +139,10 @@ def probe(layout: Layout, python: Path, env: dict[str, str], names: list[str] | 
             continue
         say(f"probe {patch.name}: {', '.join(tests)} with the patch, then without it on vllm {version}")
         with_patch = _run(python, layout.root, tests, env)
-        with reverted(layout.root, [patch]):
-            without = _run(python, layout.root, tests, env)
+        without, also = _run_without(layout.root, series, patch, python, tests, env)
         outcome, note = _judge(with_patch, without)
+        if also:
+            note = "; ".join(filter(None, [note, f"taken out with {', '.join(also)} (later hunks on its context)"]))
         results.append(ProbeResult(patch.name, outcome, tests, with_patch, without, note))
         say(f"probe {patch.name}: {outcome}" + (f" ({note})" if note else ""))
     summary = load_summary(layout, state.line)
