@@ -14,7 +14,8 @@ from pathlib import Path
 
 from conftest import UPSTREAM_FILES, Fork, make_sdist, patch_text, speculative_patch
 from kimi.fork.layout import Layout
-from kimi.fork.probe import add_upstream_tests, probe, pytest_counts
+from kimi.fork.patches import Patch
+from kimi.fork.probe import add_upstream_tests, probe, probe_tests, pytest_counts
 
 SPEC = "vllm/config/speculative.py"
 
@@ -79,6 +80,17 @@ def test_a_patch_a_later_one_builds_on_comes_out_with_it(fork: Fork) -> None:
     assert result.outcome == "needed" and result.without_patch == {"failed": 1}, result
     assert "taken out with 0002-build-on-line-10" in result.note, result
     assert (fork.root / SPEC).read_bytes() == laid
+
+
+def test_the_tests_a_header_names_are_read_whatever_separates_them() -> None:
+    """Semicolons and notes in parentheses (0015, 0019, 0021, 0022's headers) once made one bogus path of two, which
+    pytest could not find: the probe said "no test ran"."""
+    tests = ("tests/patches/test_a.py (the CPU part; the GPU one: benchmarks/x.py); "
+             "tests/test_parallel.py::test_tp2[ray-2], tests/patches/test_a.py\n  benchmarks/robustness.py (lone)")
+    patch = Patch(Path("0001-x.patch"), {"Tests": tests}, "")
+    assert probe_tests(patch) == ["tests/patches/test_a.py", "tests/test_parallel.py::test_tp2[ray-2]"]
+    checked = Patch(Path("0001-x.patch"), {"Tests": tests, "Absorbed-check": "tests/patches/test_b.py"}, "")
+    assert probe_tests(checked) == ["tests/patches/test_b.py"]
 
 
 def test_pytest_counts_reads_the_closing_line() -> None:

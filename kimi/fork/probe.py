@@ -41,6 +41,7 @@ from kimi.fork.upstream_tests.report import load_summary, summary_markdown
 from kimi.log import say
 
 _COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
+_TEST_PATH = re.compile(r"(?<![\w./-])tests/[\w./-]+\.py(?:::[\w\[\].-]+)*")
 
 
 @dataclass
@@ -57,9 +58,11 @@ class ProbeResult:
 
 
 def probe_tests(patch: Patch) -> list[str]:
-    """The tests that probe ``patch``: its ``Absorbed-check`` field, else the ``tests/`` entries of ``Tests``."""
+    """The tests that probe ``patch``: the pytest paths (``tests/....py``, with any ``::`` node id) its
+    ``Absorbed-check`` field names, else those of ``Tests``, in order, each once, whatever separates them (commas,
+    semicolons, line breaks) or follows them (a note in parentheses)."""
     text = patch.header.get("Absorbed-check") or patch.header.get("Tests", "")
-    return [t.strip() for t in re.split(r"[,\n]", text) if t.strip().startswith("tests/")]
+    return list(dict.fromkeys(_TEST_PATH.findall(text)))
 
 
 def pytest_counts(output: str) -> dict[str, int]:
