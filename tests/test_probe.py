@@ -38,18 +38,23 @@ def _with_check(text: str, test: str) -> str:
     return text.replace("Tests: tests/\n", f"Tests: tests/probe_t.py::{test}\n")
 
 
+def _laid(fork: Fork, message: str) -> tuple[bytes, dict[str, str]]:
+    """Commit the patches added with the probe's test module, sync; returns the laid file's bytes and the probe's
+    pytest environment."""
+    (fork.root / "tests").mkdir()
+    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
+    fork.commit(message)
+    assert fork.sync().returncode == 0, "sync"
+    return (fork.root / SPEC).read_bytes(), {**os.environ, "PYTHONPATH": str(fork.root)}
+
+
 def test_probe_tells_needed_from_candidate_and_restores_the_tree(fork: Fork) -> None:
     name, text = speculative_patch(1, 10, "line 10 patched")
     fork.add_patch(name, _with_check(text, "test_needed"))
     name, text = speculative_patch(2, 30, "line 30 patched")
     fork.add_patch(name, _with_check(text, "test_fixed_upstream"))
     fork.add_patch("0003-build.patch", patch_text("0003-build", "setup.py", "print('setup')", "print('fork')", 1, []))
-    (fork.root / "tests").mkdir()
-    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
-    fork.commit("three patches")
-    assert fork.sync().returncode == 0, "sync"
-    laid = (fork.root / SPEC).read_bytes()
-    env = {**os.environ, "PYTHONPATH": str(fork.root)}
+    laid, env = _laid(fork, "three patches")
     results = {r.name: r for r in probe(Layout.of(fork.root), Path(sys.executable), env)}
     assert results["0001-change-line-10"].outcome == "needed"
     assert results["0001-change-line-10"].with_patch == {"passed": 1}
@@ -70,12 +75,7 @@ def test_a_patch_a_later_one_builds_on_comes_out_with_it(fork: Fork) -> None:
     context = ["line 9", "line 10 patched", "line 11", "line 13", "line 14", "line 15"]
     fork.add_patch("0002-build-on-line-10.patch",
                    patch_text("0002-build-on-line-10", SPEC, "line 12", "line 12 patched", 12, context))
-    (fork.root / "tests").mkdir()
-    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
-    fork.commit("two patches, the second on the first's context")
-    assert fork.sync().returncode == 0, "sync"
-    laid = (fork.root / SPEC).read_bytes()
-    env = {**os.environ, "PYTHONPATH": str(fork.root)}
+    laid, env = _laid(fork, "two patches, the second on the first's context")
     (result,) = probe(Layout.of(fork.root), Path(sys.executable), env, ["0001"])
     assert result.outcome == "needed" and result.without_patch == {"failed": 1}, result
     assert "taken out with 0002-build-on-line-10" in result.note, result
@@ -106,17 +106,14 @@ def test_probe_candidates_go_into_the_rebase_report(fork: Fork) -> None:
     fork.add_patch(name, _with_check(text, "test_needed"))
     name, text = speculative_patch(2, 30, "line 30 patched")
     fork.add_patch(name, _with_check(text, "test_fixed_upstream"))
-    (fork.root / "tests").mkdir()
-    (fork.root / "tests" / "probe_t.py").write_text(_TESTS)
-    fork.commit("two patches")
-    assert fork.sync().returncode == 0, "sync"
+    _, env = _laid(fork, "two patches")
     upstream = "".join(f"new {i}\n" for i in range(3)) + "".join(f"line {i}\n" for i in range(1, 41))
     make_sdist(fork.from_dir, "9.9.1", {**UPSTREAM_FILES, SPEC: upstream})
     moved = fork.kimi("rebase", "--to", "9.9.1", "--from", str(fork.from_dir))
     assert moved.returncode == 0, moved.stderr
     fork.commit("on 9.9.1")
     assert fork.sync().returncode == 0, "sync 9.9.1"
-    probe(Layout.of(fork.root), Path(sys.executable), {**os.environ, "PYTHONPATH": str(fork.root)})
+    probe(Layout.of(fork.root), Path(sys.executable), env)
     report = json.loads((fork.root / ".kimi" / "rebase" / "report.json").read_text())
     assert report["candidates"] == [
         {"name": "0002-change-line-30", "by": "probe",
