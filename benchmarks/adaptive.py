@@ -7,8 +7,8 @@ once and then measured one at a time in ``--rounds`` interleaved rounds (``kimi_
 every other turn and round; ``--turns concurrency`` makes a turn one point, so the rates compared are seconds
 apart):
 
-* ``adaptive``: the fork, EAGLE-3 k = 3 with ``"enable_adaptive_verification": true`` (its draft back-off on, as
-  by default);
+* ``adaptive``: the fork, EAGLE-3 k = 3 (``--adaptive-k``: the most drafts per request and step it chooses from)
+  with ``"enable_adaptive_verification": true`` (its draft back-off on, as by default);
 * ``fork_k3``: the fork, EAGLE-3 k = 3;
 * ``upstream_k3``: upstream, EAGLE-3 k = 3;
 * ``upstream_table``: upstream with its batch-size table as its docs suggest (``num_speculative_tokens`` 5,
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))  # kimi_lab
 from kimi.errors import KimiError
 from kimi.models.offdomain import KINDS
 from kimi_lab.bench.adaptive.call import run_call
-from kimi_lab.bench.adaptive.plan import CONCURRENCY, ENGINES, SETS, engine_settings
+from kimi_lab.bench.adaptive.plan import CONCURRENCY, ENGINES, SETS, K, engine_settings
 from kimi_lab.bench.perf import measure
 from kimi_lab.bench.perf.plan import add_side_by_side_options, add_turn_options, turn_errors
 from kimi_lab.bench.results import stamp
@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     p.add_argument("--engines", nargs="+", choices=list(ENGINES), help="run only these engines")
+    p.add_argument("--adaptive-k", type=int, default=K,
+                   help="the adaptive engine's num_speculative_tokens: the most drafts per request and step it chooses "
+                        "from (default %(default)s, the fixed-k engines' k; upstream's table drafts up to 5)")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     p.add_argument("--reps", type=int, default=1, help="timed batches per point and round (the best counts)")
     p.add_argument("--rounds", type=int, default=3)
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = turn_errors(args, parallel=True)
     if args.rounds < 1:
         bad.append(f"--rounds must be at least 1, got {args.rounds}")
+    if args.adaptive_k < 1:
+        bad.append(f"--adaptive-k must be at least 1, got {args.adaptive_k}")
     if args.device == "gpu":
         bad += site_errors(upstream_site=args.upstream_site, fork_site=args.fork_site)
     elif args.upstream_site:

@@ -111,6 +111,9 @@ def test_the_five_engines_and_their_speculative_configs() -> None:
                                                      ("fork", 3)]
     with pytest.raises(KimiError, match="unknown engine"):
         speculative_config("eagle5", "D")
+    assert speculative_config("adaptive", "D", adaptive_k=5)["num_speculative_tokens"] == 5
+    assert speculative_config("fork_k3", "D", adaptive_k=5)["num_speculative_tokens"] == 3
+    assert [j["k"] for j in jobs_of("pair", PAIR, {}, adaptive_k=5)] == [0, 3, 5, 3, 5]
 
 
 def test_points_skip_mixed_at_one_request_and_mixed_batches_are_half_of_each() -> None:

@@ -13,6 +13,7 @@ from kimi_lab.bench.adaptive import log
 from kimi_lab.bench.adaptive.analysis import goal, rows_of
 from kimi_lab.bench.adaptive.plan import (
     ENGINES,
+    engine_options,
     jobs_of,
     measurement_points,
     prompt_sets,
@@ -94,7 +95,7 @@ def summarize(args: argparse.Namespace, made: dict, jobs: list[dict], runs: dict
                      "tokens": args.tokens, "reps": args.reps, "rounds": args.rounds, "turns": args.turns,
                      "rewarm_tokens": args.rewarm_tokens, "pinned": args.pin, "temperature": args.temperature,
                      "off_kind": extra["off_kind"], "lengths": extra["lengths"], "engine": args.engine,
-                     "engines": {e: (ENGINES[e][0], ENGINES[e][1]) for e in ENGINES
+                     "engines": {e: (ENGINES[e][0], engine_options(e, args.adaptive_k)) for e in ENGINES
                                  if not args.engines or e in args.engines}},
         "rows": rows, "goal": goal(rows), "candidates": extra.get("candidates"), "notes": extra.get("notes", []),
         "runs": {j["name"]: {k: v for k, v in without_tokens(runs.get(j["name"], {"status": "not run"})).items()}
@@ -140,7 +141,7 @@ def run_call(args: argparse.Namespace, root: Path, made: dict) -> int:
     if "wide" in args.models:
         models["wide"] = wide_pair(pair, args.scratch / "pair-wide")
     jobs = [j for model, folder in models.items() if model in args.models
-            for j in jobs_of(model, folder, common, args.engines)]
+            for j in jobs_of(model, folder, common, args.engines, args.adaptive_k)]
     runs: dict[str, dict] = {}
 
     def report(job: dict | None = None) -> None:

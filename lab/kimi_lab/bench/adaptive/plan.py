@@ -48,8 +48,10 @@ UPSTREAM_CPU_NOTE = ("upstream on CPU: the laid vllm/ with every vllm/ hunk of t
                      "copy keeps the laid tree's version string")
 
 
-def speculative_config(engine: str, drafter: str) -> dict | None:
-    """vLLM's ``speculative_config`` of ``engine`` (:data:`ENGINES`) with ``drafter``; None for no speculation.
+def engine_options(engine: str, adaptive_k: int = K) -> dict | None:
+    """What ``engine`` (:data:`ENGINES`) adds to EAGLE-3's speculative config (None: no speculation); the
+    ``adaptive`` engine's ``num_speculative_tokens`` is ``adaptive_k`` (the most drafts per request and step its
+    budget and draft depth choose from).
 
     Raises:
         KimiError: an unknown engine.
@@ -57,6 +59,17 @@ def speculative_config(engine: str, drafter: str) -> dict | None:
     if engine not in ENGINES:
         raise KimiError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
     extra = ENGINES[engine][1]
+    return {**extra, "num_speculative_tokens": adaptive_k} if engine == "adaptive" else extra
+
+
+def speculative_config(engine: str, drafter: str, adaptive_k: int = K) -> dict | None:
+    """vLLM's ``speculative_config`` of ``engine`` (:func:`engine_options`) with ``drafter``; None for no
+    speculation.
+
+    Raises:
+        KimiError: an unknown engine.
+    """
+    extra = engine_options(engine, adaptive_k)
     return None if extra is None else {"method": "eagle3", "model": drafter, **extra}
 
 
@@ -96,15 +109,17 @@ def engine_settings(device: str, concurrency: list[int], kv_bytes: int) -> dict:
             "compilation_config": {"cudagraph_capture_sizes": [s for s in sizes if s <= largest]}}
 
 
-def jobs_of(model: str, pair: Path, common: dict, engines: list[str] | None = None) -> list[dict]:
+def jobs_of(model: str, pair: Path, common: dict, engines: list[str] | None = None, adaptive_k: int = K
+            ) -> list[dict]:
     """The engines of one model (``pair``: a folder with ``target/`` and ``drafter/``) in plan order, as
-    :mod:`kimi_lab.bench.perf` jobs named ``<model>/<engine>`` (``engines``: only these); ``common``: what every job
-    carries (``prompt_sets``, ``points``, ``tokens``, ``reps``, ``engine``, ...)."""
+    :mod:`kimi_lab.bench.perf` jobs named ``<model>/<engine>`` (``engines``: only these; ``adaptive_k``: as
+    :func:`speculative_config`); ``common``: what every job carries (``prompt_sets``, ``points``, ``tokens``,
+    ``reps``, ``engine``, ...)."""
     jobs = []
     for engine, (variant, _) in ENGINES.items():
         if engines and engine not in engines:
             continue
-        spec = speculative_config(engine, str(pair / "drafter"))
+        spec = speculative_config(engine, str(pair / "drafter"), adaptive_k)
         job = {**common, "name": f"{model}/{engine}", "model": model, "setting": engine, "variant": variant,
                "k": spec["num_speculative_tokens"] if spec else 0, "spec": spec, "target": str(pair / "target")}
         jobs.append(job)
